@@ -1,0 +1,1 @@
+"""The `epic` command-line front end."""

@@ -1,0 +1,132 @@
+"""One function per `epic` command. Each returns the exit code; EpicError is rendered by main()."""
+from __future__ import annotations
+
+import sys
+
+from epic import pipeline, sizes as sizes_mod
+from epic.diagnostics import EpicError
+from epic.ir import dump
+
+
+def cmd_check(args) -> int:
+    status = 0
+    for path in args.files:
+        try:
+            analysis = pipeline.analyze(path)
+        except EpicError as e:
+            print(str(e), file=sys.stderr)
+            status = 1
+            continue
+        except OSError as e:
+            print(f"{path}: cannot read: {e.strerror}", file=sys.stderr)
+            status = 1
+            continue
+        p = analysis.program
+        gemms = sum(1 for k in p.kernels if k.kind == "gemm")
+        print(f"{path}: ok ({gemms} gemm{'s' if gemms != 1 else ''}, {len(p.kernels)} kernel"
+              f"{'s' if len(p.kernels) != 1 else ''} after rewrites)")
+    return status
+
+
+def _render(program, args) -> str:
+    if args.json:
+        return dump.to_json(program)
+    if args.dot:
+        return dump.to_dot(program)
+    return dump.to_text(program)
+
+
+def cmd_ir(args) -> int:
+    from epic.passes import manager
+    if args.list_passes:
+        for p in manager.PASSES:
+            print(f"{p.name:<22} {p.summary}")
+        return 0
+    if args.after and args.after not in manager.pass_names():
+        raise EpicError(_unknown_pass(args.after, manager.pass_names()))
+    analysis = pipeline.analyze(args.file, stop_after=args.after)
+    if args.after_all:
+        print("// ---- after front end", end="\n")
+        print(_render(analysis.source_program, args), end="")
+        for name, program in analysis.stages:
+            print(f"// ---- after {name}")
+            print(_render(program, args), end="")
+        return 0
+    if args.after:
+        program = dict(analysis.stages)[args.after]
+    else:
+        program = analysis.source_program
+    print(_render(program, args), end="")
+    return 0
+
+
+def _unknown_pass(name, names):
+    from epic.diagnostics import Diagnostic
+    return Diagnostic("E215", f"unknown pass '{name}'", None, "passes: " + ", ".join(names))
+
+
+def _summary_line(name: str, t) -> str:
+    import torch
+    x = t.double()
+    finite = x[torch.isfinite(x)]
+    head = ", ".join(f"{float(v):.4g}" for v in x.reshape(-1)[:4])
+    stats = (f"mean {finite.mean():.4g}  std {finite.std():.4g}  min {finite.min():.4g}  max {finite.max():.4g}"
+             if finite.numel() > 1 else "")
+    bad = x.numel() - finite.numel()
+    return (f"  {name:<10} {str(list(t.shape)):<14} {stats}" + (f"  non-finite {bad}" if bad else "")
+            + f"\n  {'':<10} first: {head}")
+
+
+def cmd_ref(args) -> int:
+    from epic import reference
+    from epic.checks import layout
+    analysis = pipeline.analyze(args.file)
+    program = analysis.source_program
+    sizes = sizes_mod.parse_shape_arg(args.shape)
+    sizes_mod.check_complete(program, sizes)
+    diags = layout.check_sizes(program, sizes)
+    if diags:
+        raise EpicError(diags)
+    inputs = reference.random_inputs(program, sizes, args.seed)
+    exact = not args.rounded
+    outputs = reference.run(program, inputs, exact=exact, sizes=sizes)
+    mode = "exact float64" if exact else "stored values rounded to their dtypes"
+    print(f"{program.name}: {', '.join(f'{k}={v}' for k, v in sizes.items())}  ({mode}, seed {args.seed})")
+    for name, t in outputs.items():
+        print(_summary_line(f"{name}", t) + f"  [{program.tensors[name].dtype}]")
+    if args.compare_rewrite:
+        from epic.plan import verify
+        print(verify.compare_report(analysis, inputs, sizes))
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from epic.plan import ledger, planner
+    analysis = pipeline.analyze(args.file)
+    sizes = sizes_mod.parse_shape_arg(args.shape)
+    sizes_mod.check_complete(analysis.program, sizes)
+    plan = planner.make_plan(analysis.program, sizes)
+    print(ledger.render(plan, analysis.source_program))
+    return 0
+
+
+def cmd_compile(args) -> int:
+    from epic.codegen import emit
+    analysis = pipeline.analyze(args.file)
+    sizes = sizes_mod.parse_shape_arg(args.shape) if args.shape else None
+    paths = emit.write_sources(analysis.program, args.output, sizes)
+    for p in paths:
+        print(p)
+    if args.build:
+        from epic.runtime import build
+        build.build_program(analysis.program, sizes)
+    return 0
+
+
+def cmd_build(args) -> int:
+    from epic.runtime import build
+    analysis = pipeline.analyze(args.file)
+    sizes = sizes_mod.parse_shape_arg(args.shape) if args.shape else None
+    for lib in build.build_program(analysis.program, sizes, jobs=args.jobs):
+        print(lib)
+    return 0

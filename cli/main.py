@@ -1,0 +1,94 @@
+"""The `epic` command: a thin layer over the Python API, one function per command.
+
+Exit codes: 0 success, 1 the program has diagnostics (or a build failed), 2 bad command line,
+3 an internal error (a bug in epic: the message says so).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from epic.diagnostics import EpicError
+
+COMMANDS = {
+    "check": "check .epi files: syntax, types, tile locality, layout (exit 0 clean, 1 on diagnostics)",
+    "ir": "print a program's typed IR as text, JSON or Graphviz dot, before or after any pass",
+    "ref": "run a program through the float64 reference interpreter on random inputs of given sizes",
+    "plan": "print the kernels, buffers and byte ledger of a program for given sizes",
+    "compile": "write the generated CUDA (.cu) of every kernel of a program to a directory",
+    "build": "compile a program's kernels with nvcc into the on-disk cache (no GPU needed)",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="epic", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="epic: compile GEMM epilogue programs (.epi) into fused CUTLASS sm90a kernels.",
+        epilog="commands:\n" + "\n".join(f"  {k:<8} {v}" for k, v in COMMANDS.items())
+        + "\n\nRun `epic COMMAND --help` for a command's options.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    c = sub.add_parser("check", help=COMMANDS["check"], description=COMMANDS["check"])
+    c.add_argument("files", nargs="+", metavar="FILE")
+
+    c = sub.add_parser("ir", help=COMMANDS["ir"], description=COMMANDS["ir"])
+    c.add_argument("file", metavar="FILE")
+    fmt = c.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print JSON")
+    fmt.add_argument("--dot", action="store_true", help="print Graphviz dot (render with `dot -Tsvg`)")
+    when = c.add_mutually_exclusive_group()
+    when.add_argument("--after", metavar="PASS", help="print the IR after this pass (see --list-passes)")
+    when.add_argument("--after-all", action="store_true", help="print the IR after every pass")
+    when.add_argument("--list-passes", action="store_true", help="list the passes in the order they run")
+
+    c = sub.add_parser("ref", help=COMMANDS["ref"], description=COMMANDS["ref"])
+    c.add_argument("file", metavar="FILE")
+    c.add_argument("--shape", required=True, help="sizes of the program's dimensions, e.g. M=64,D=512")
+    c.add_argument("--seed", type=int, default=0, help="random seed for the inputs (default 0)")
+    c.add_argument("--rounded", action="store_true",
+                   help="round every stored value to its dtype, as kernels do (default: exact float64)")
+    c.add_argument("--compare-rewrite", action="store_true",
+                   help="also run the rewritten plan; report both against exact float64 (dtype-rounded)")
+
+    c = sub.add_parser("plan", help=COMMANDS["plan"], description=COMMANDS["plan"])
+    c.add_argument("file", metavar="FILE")
+    c.add_argument("--shape", required=True, help="sizes of the program's dimensions, e.g. M=8192,D=4096,F=14336")
+
+    c = sub.add_parser("compile", help=COMMANDS["compile"], description=COMMANDS["compile"])
+    c.add_argument("file", metavar="FILE")
+    c.add_argument("-o", "--output", required=True, metavar="DIR", help="directory for the .cu files")
+    c.add_argument("--shape", help="sizes, to pick tile configurations (default: a large-M configuration)")
+    c.add_argument("--build", action="store_true", help="also build them with nvcc (same as `epic build`)")
+
+    c = sub.add_parser("build", help=COMMANDS["build"], description=COMMANDS["build"])
+    c.add_argument("file", metavar="FILE")
+    c.add_argument("--shape", help="sizes, to pick tile configurations (default: a large-M configuration)")
+    c.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    from . import commands
+    try:
+        return getattr(commands, f"cmd_{args.command}")(args)
+    except EpicError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # a bug in epic: say so plainly; the traceback only on request
+        if os.environ.get("EPIC_DEBUG"):
+            raise
+        print(f"epic: internal error: {type(e).__name__}: {e}\n"
+              "This is a bug in epic, not in your program. Set EPIC_DEBUG=1 for the traceback.", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Layout legality: which columns sit together in registers, and what TMA can move.
+
+Some rules are decided by the program alone (a width-changed value cannot be reduced); others
+depend on runtime sizes (pairwise maps need an even width; every global tensor's contiguous
+dimension must be a multiple of 16 bytes for TMA). Those become Requirements: checked statically
+when the dimension is a literal or provably a multiple, and again when sizes are known
+(`epic ref/plan --shape`, and before a compiled program launches).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from .. import dtypes
+from ..diagnostics import Diagnostic, Span
+from ..ir.core import GemmKernel, Program
+from ..shapes import Dim, Kind
+
+TMA_BYTES = 16
+MAX_TILE_N = 256
+
+
+@dataclass(frozen=True)
+class Requirement:
+    dim: Dim            # must be a whole multiple of `multiple`
+    multiple: int
+    code: str
+    span: Span | None
+    what: str           # "the row length of z (bf16)" ...
+    why: str
+
+    def proven(self) -> bool | None:
+        """True/False when decidable without sizes, None when it depends on them."""
+        c = self.dim.coef
+        if not self.dim.names:
+            return c.denominator == 1 and int(c) % self.multiple == 0
+        if c.denominator == 1 and int(c) % self.multiple == 0:
+            return True
+        return None
+
+    def holds(self, sizes: dict[str, int]) -> bool:
+        v = self.dim.evaluate(sizes)
+        return v.denominator == 1 and int(v) % self.multiple == 0
+
+    def diagnostic(self, value: Fraction | None = None) -> Diagnostic:
+        got = f" (it is {value})" if value is not None else ""
+        return Diagnostic(self.code, f"{self.what} = {self.dim}{got} must be a multiple of {self.multiple}: {self.why}",
+                          self.span, _HINTS.get(self.code))
+
+
+_HINTS = {
+    "E401": "pairwise maps read columns 2k and 2k+1 together: use an even width",
+    "E403": "pad the tensor's last dimension, e.g. to a multiple of 8 elements for 16-bit types",
+    "E405": "int4 packs two adjacent columns per byte",
+}
+
+
+def requirements(program: Program) -> list[Requirement]:
+    reqs: list[Requirement] = []
+    for t in program.tensors.values():
+        if len(t.dims) != 2:
+            continue
+        contiguous = t.dims[0] if t.layout == "kmajor" else t.dims[1]
+        per16 = Fraction(TMA_BYTES * 8, t.dtype.bits)   # elements per 16 bytes
+        reqs.append(Requirement(contiguous, int(per16), "E403", t.span,
+                                f"the contiguous dimension of '{t.name}' ({t.dtype})",
+                                "TMA moves rows in 16-byte units"))
+    for k in program.kernels:
+        if k.kind != "gemm":
+            continue
+        for v in k.values:
+            if v.op in ("even", "odd"):
+                w = v.args[0].shape.width
+                reqs.append(Requirement(k.n * w, 2, "E401", v.span, f"the width of {v.op}'s operand",
+                                        "columns are paired (2k, 2k+1)"))
+        for s in k.stores:
+            t = program.tensors[s.tensor]
+            if t.dtype is dtypes.I4:
+                reqs.append(Requirement(t.dims[1], 2, "E405", s.span, f"the width of int4 output '{t.name}'",
+                                        "two values share a byte"))
+    return reqs
+
+
+def check_static(program: Program) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    for r in requirements(program):
+        if r.proven() is False:
+            out.append(r.diagnostic(r.dim.coef))
+    for k in program.kernels:
+        if k.kind == "gemm":
+            out.extend(_width_changes(k))
+            out.extend(_block_sizes(k))
+    return out
+
+
+def check_sizes(program: Program, sizes: dict[str, int]) -> list[Diagnostic]:
+    out = []
+    for r in requirements(program):
+        if not r.holds(sizes):
+            out.append(r.diagnostic(r.dim.evaluate(sizes)))
+    return out
+
+
+def _width_changes(k: GemmKernel) -> list[Diagnostic]:
+    """A value whose width differs from the accumulator's must end in a store: the per-tile partials
+    of a reduction are laid out on the accumulator's columns."""
+    out = []
+    for v in k.values:
+        if v.op in ("reduce", "block_reduce"):
+            x = v.args[0]
+            if x.shape.width != 1:
+                what = f"{v.attrs.get('axis', 'block')}_{v.attrs['fn']}"
+                out.append(Diagnostic(
+                    "E402", f"{what} reduces a value of width {x.shape.width} x N (after a pairwise map that "
+                    "changes the width); a width-changing map must feed a store", v.span,
+                    "store the narrowed value (tmp y: bf16 = ...) and reduce it in the gemm that reads it, "
+                    "or reduce before the pairwise map"))
+    return out
+
+
+def _block_sizes(k: GemmKernel) -> list[Diagnostic]:
+    out = []
+    for v in k.values:
+        if v.op == "block_reduce":
+            b = v.attrs["block"]
+            if b & (b - 1) or not 8 <= b <= MAX_TILE_N:
+                out.append(Diagnostic("E404", f"block size {b} must be a power of two between 8 and {MAX_TILE_N}",
+                                      v.span, "a block must divide the tile width (64, 128 or 256 columns): "
+                                      "use 32, 64 or 128"))
+    return out
+
+
+def block_sizes(k: GemmKernel) -> set[int]:
+    return {v.attrs["block"] for v in k.values if v.op == "block_reduce"} | \
+           {v.shape.block for v in k.values if v.kind is Kind.BLOCK and v.shape.block}

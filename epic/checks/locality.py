@@ -1,0 +1,84 @@
+"""Tile locality: an epilogue sees one output tile.
+
+A reduction over a whole row (row_sum, row_mean, row_lse, ...) or column (col_*) is not known in
+any single tile. Its result may be stored (a combine kernel finishes it from per-tile partials),
+and vector math on it may follow (it runs in the combine kernel), but feeding it back into the
+tile inside the same epilogue is impossible. Run after the rewrite passes, which move legal
+cases (a row scale in front of a later GEMM) out of the way; what remains is an E301/E302.
+"""
+from __future__ import annotations
+
+from ..diagnostics import Diagnostic
+from ..ir.core import GemmKernel, Program, Value
+from ..shapes import Kind
+
+_FN_WORDS = {"sum": "sum", "mean": "mean", "max": "max", "min": "min", "lse": "log-sum-exp"}
+
+
+def reductions_feeding(k: GemmKernel) -> dict[int, Value]:
+    """For each value of kernel k, the first whole-row/column reduction it depends on (if any)."""
+    dep: dict[int, Value] = {}
+    for v in k.values:
+        if v.op == "reduce":
+            dep[v.id] = v
+            continue
+        for a in v.args:
+            if a.id in dep:
+                dep[v.id] = dep[a.id]
+                break
+    return dep
+
+
+def describe_reduction(r: Value, k: GemmKernel) -> str:
+    a = r.attrs
+    axis_dim = k.n * r.args[0].shape.width if a["axis"] == "row" else k.rows
+    what = f"{a['axis']}_{a['fn']}"
+    return (f"{what} ({_FN_WORDS[a['fn']]} over all {axis_dim} "
+            f"{'columns of each row' if a['axis'] == 'row' else 'rows of each column'})")
+
+
+def check(program: Program) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    for k in program.kernels:
+        if k.kind != "gemm":
+            continue
+        dep = reductions_feeding(k)
+        users = k.users()
+        for v in k.values:
+            if v.id not in dep or v.op == "reduce" or v.kind not in (Kind.TILE, Kind.BLOCK):
+                continue
+            r = dep[v.id]
+            code = "E301" if r.attrs["axis"] == "row" else "E302"
+            name = _nearest_name(v, users, k)
+            across = "a tile holds at most 256 columns of a row" if code == "E301" else \
+                "a tile holds at most 256 rows of a column"
+            msg = (f"'{name}' needs {describe_reduction(r, k)} inside the same epilogue; "
+                   f"the epilogue sees one output tile and {across}")
+            hint = ("store the statistic instead (e.g. out r: f32[M] = ...) and apply it where it is consumed; "
+                    "or make this value the A operand of a later gemm (tmp x: bf16 = ...) so that a per-row "
+                    "scale is deferred into that gemm's epilogue") if code == "E301" else \
+                ("store the column statistic (out s: f32[N] = col_...) and apply it in a later kernel")
+            notes = [(r.span, f"the {r.attrs['axis']} reduction is here")] if r.span else []
+            out.append(Diagnostic(code, msg, v.span, hint, notes))
+            break   # one locality error per kernel: later ones are usually the same cause
+    return out
+
+
+def _nearest_name(v: Value, users: dict, k: GemmKernel) -> str:
+    """The value's own name, else the name of the first named value or store that uses it."""
+    if v.name:
+        return v.name
+    frontier = [v]
+    seen = set()
+    while frontier:
+        x = frontier.pop(0)
+        if x.id in seen:
+            continue
+        seen.add(x.id)
+        if x.name:
+            return x.name
+        for s in k.stores:
+            if s.value is x:
+                return s.tensor
+        frontier.extend(users.get(x.id, []))
+    return f"%{k.values.index(v)}"

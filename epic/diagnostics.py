@@ -1,0 +1,84 @@
+"""Diagnostics: every user-facing failure is a Diagnostic with a code, a source span and a hint.
+
+Codes are stable (tests and users rely on them):
+  E1xx syntax, E2xx names and types, E3xx tile locality, E4xx layout and alignment,
+  E5xx rewrites that could not legalize a program, E6xx tensors handed to a compiled program,
+  E7xx code generation and build.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Source:
+    """A named source text (a file or a string handed to epic.compile)."""
+    name: str
+    text: str
+
+    def line(self, lineno: int) -> str:
+        lines = self.text.splitlines()
+        return lines[lineno - 1] if 0 < lineno <= len(lines) else ""
+
+
+@dataclass(frozen=True)
+class Span:
+    """1-based line/column range inside a Source."""
+    source: Source = field(repr=False)
+    line: int
+    column: int
+    end_line: int | None = None
+    end_column: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.source.name}:{self.line}:{self.column}"
+
+    def caret(self) -> str:
+        """The source line with a caret (and tildes to the end of the span on that line)."""
+        text = self.source.line(self.line).expandtabs(1)
+        width = 1
+        if self.end_line == self.line and self.end_column and self.end_column > self.column:
+            width = self.end_column - self.column
+        pad = " " * (self.column - 1)
+        return f"  {text}\n  {pad}^{'~' * (width - 1)}"
+
+
+@dataclass
+class Diagnostic:
+    code: str
+    message: str
+    span: Span | None = None
+    hint: str | None = None
+    notes: list[tuple[Span | None, str]] = field(default_factory=list)
+
+    def render(self) -> str:
+        where = f"{self.span}: " if self.span else ""
+        out = [f"{where}error[{self.code}]: {self.message}"]
+        if self.span:
+            out.append(self.span.caret())
+        for span, note in self.notes:
+            out.append(f"  note: {note}" + (f" ({span})" if span else ""))
+            if span:
+                out.append(span.caret())
+        if self.hint:
+            out.append(f"  hint: {self.hint}")
+        return "\n".join(out)
+
+
+class EpicError(Exception):
+    """Raised with one or more diagnostics; str() renders them all."""
+
+    def __init__(self, diagnostics: Diagnostic | list[Diagnostic]):
+        if isinstance(diagnostics, Diagnostic):
+            diagnostics = [diagnostics]
+        self.diagnostics = list(diagnostics)
+        super().__init__("\n".join(d.render() for d in self.diagnostics))
+
+    @property
+    def codes(self) -> list[str]:
+        return [d.code for d in self.diagnostics]
+
+
+def fail(code: str, message: str, span: Span | None = None, hint: str | None = None,
+         notes: list[tuple[Span | None, str]] | None = None) -> None:
+    raise EpicError(Diagnostic(code, message, span, hint, notes or []))

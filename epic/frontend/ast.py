@@ -1,0 +1,145 @@
+"""Syntax tree of a .epi file: what the parser saw, with source spans, before any meaning."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..diagnostics import Span
+
+
+# ---- expressions
+@dataclass
+class Num:
+    text: str
+    span: Span
+
+    @property
+    def value(self) -> float:
+        return float(self.text)
+
+    @property
+    def is_int(self) -> bool:
+        return self.text.isdigit()
+
+
+@dataclass
+class Name:
+    id: str
+    span: Span
+
+
+@dataclass
+class Call:
+    func: str
+    args: list
+    kwargs: dict[str, object]
+    span: Span
+    kwarg_spans: dict[str, Span] = field(default_factory=dict)
+
+
+@dataclass
+class BinOp:
+    op: str          # add sub mul div pow eq ne lt le gt ge
+    lhs: object
+    rhs: object
+    span: Span
+
+
+@dataclass
+class Neg:
+    operand: object
+    span: Span
+
+
+Expr = Num | Name | Call | BinOp | Neg
+
+
+# ---- types and dimensions
+@dataclass
+class DimAtom:
+    text: str          # a name or an integer
+    span: Span
+
+
+@dataclass
+class DimExpr:
+    first: DimAtom
+    rest: list[tuple[str, DimAtom]]   # ("*" | "/", atom)
+    span: Span
+
+
+@dataclass
+class TypeSpec:
+    dtype: str
+    dims: list[DimExpr] | None
+    span: Span
+    dtype_span: Span
+
+
+# ---- statements
+@dataclass
+class Let:
+    name: str
+    expr: Expr
+    span: Span
+
+
+@dataclass
+class Store:
+    role: str          # "out" (returned to the caller) | "tmp" (read by a later GEMM only)
+    name: str
+    type: TypeSpec
+    expr: Expr
+    span: Span
+
+
+@dataclass
+class InDecl:
+    name: str
+    type: TypeSpec
+    default: float | None
+    span: Span
+
+
+@dataclass
+class Operand:
+    name: str
+    type: TypeSpec | None
+    span: Span
+
+
+@dataclass
+class Gemm:
+    name: str
+    a: Operand
+    b: Operand
+    options: dict[str, tuple[str, Span]]
+    body: list
+    span: Span
+
+
+@dataclass
+class Param:
+    name: str
+    default: Expr | None
+    span: Span
+
+
+@dataclass
+class Def:
+    name: str
+    params: list[Param]
+    lets: list[Let]
+    result: Expr
+    span: Span
+
+
+@dataclass
+class Use:
+    path: str
+    span: Span
+
+
+@dataclass
+class Module:
+    source: object
+    items: list

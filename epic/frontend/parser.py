@@ -1,0 +1,219 @@
+"""Text -> syntax tree. lark parses with grammar/epi.lark; lark's errors become E1xx diagnostics."""
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+import lark
+from lark import Lark, Transformer, v_args
+
+from ..diagnostics import Diagnostic, EpicError, Source, Span
+from . import ast
+
+# Readable names for grammar terminals in "expected ..." hints.
+_TERMINAL_WORDS = {"NAME": "a name", "NUMBER": "a number", "STRING": "a quoted path",
+                   "TILE_SPEC": "a tile size like 128x128x64", "$END": "end of file"}
+
+
+@functools.lru_cache(maxsize=1)
+def _parser() -> Lark:
+    text = resources.files("epic.grammar").joinpath("epi.lark").read_text()
+    return Lark(text, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+
+
+def _describe(terminal: str) -> str:
+    if terminal in _TERMINAL_WORDS:
+        return _TERMINAL_WORDS[terminal]
+    try:
+        pattern = _parser().get_terminal(terminal).pattern
+    except KeyError:
+        return terminal
+    if isinstance(pattern, lark.lexer.PatternStr):
+        return f"'{pattern.value}'"
+    return terminal.lower()
+
+
+def _expected(names) -> str:
+    words = sorted({_describe(n) for n in names})
+    if len(words) > 8:
+        words = words[:8] + ["..."]
+    return ", ".join(words)
+
+
+def parse(text: str, name: str = "<string>") -> ast.Module:
+    source = Source(name, text)
+    try:
+        tree = _parser().parse(text)
+    except lark.exceptions.UnexpectedCharacters as e:
+        span = Span(source, e.line, e.column)
+        ch = text[e.pos_in_stream] if e.pos_in_stream is not None and e.pos_in_stream < len(text) else "?"
+        hint = f"expected {_expected(e.allowed)}" if e.allowed else None
+        raise EpicError(Diagnostic("E101", f"unexpected character {ch!r}", span, hint)) from None
+    except lark.exceptions.UnexpectedToken as e:
+        if e.token.type == "$END":
+            lines = text.splitlines() or [""]
+            span = Span(source, len(lines), len(lines[-1]) + 1)
+            raise EpicError(Diagnostic("E103", "unexpected end of file", span,
+                                       f"expected {_expected(e.expected)}")) from None
+        tok = e.token
+        span = Span(source, tok.line, tok.column, tok.end_line, tok.end_column)
+        raise EpicError(Diagnostic("E102", f"unexpected {_describe(tok.type) if tok.type != 'NAME' else 'name'} "
+                                   f"{str(tok)!r}", span, f"expected {_expected(e.expected)}")) from None
+    except lark.exceptions.UnexpectedEOF as e:  # pragma: no cover - LALR reports UnexpectedToken($END)
+        lines = text.splitlines() or [""]
+        span = Span(source, len(lines), len(lines[-1]) + 1)
+        raise EpicError(Diagnostic("E103", "unexpected end of file", span,
+                                   f"expected {_expected(e.expected)}")) from None
+    return ast.Module(source, _ToAst(source).transform(tree).children)
+
+
+class _ToAst(Transformer):
+    def __init__(self, source: Source):
+        super().__init__()
+        self.source = source
+
+    def _span(self, meta_or_tok) -> Span:
+        m = meta_or_tok
+        return Span(self.source, m.line, m.column, getattr(m, "end_line", None), getattr(m, "end_column", None))
+
+    # ---- expressions
+    @v_args(meta=True)
+    def number(self, meta, children):
+        return ast.Num(str(children[0]), self._span(meta))
+
+    @v_args(meta=True)
+    def name(self, meta, children):
+        return ast.Name(str(children[0]), self._span(meta))
+
+    @v_args(meta=True)
+    def call(self, meta, children):
+        func, args = children
+        pos, kw, kw_spans = [], {}, {}
+        for a in (args.children if args is not None else []):
+            if isinstance(a, tuple):
+                key, value, span = a
+                if key in kw:
+                    raise EpicError(Diagnostic("E203", f"argument '{key}' given twice", span))
+                kw[key] = value
+                kw_spans[key] = span
+            else:
+                if kw:
+                    raise EpicError(Diagnostic("E203", "positional argument after a keyword argument",
+                                               _expr_span(a)))
+                pos.append(a)
+        return ast.Call(str(func), pos, kw, self._span(meta), kw_spans)
+
+    @v_args(meta=True)
+    def kwarg(self, meta, children):
+        return (str(children[0]), children[1], self._span(children[0]))
+
+    def _binop(op):
+        @v_args(meta=True)
+        def build(self, meta, children):
+            return ast.BinOp(op, children[0], children[1], self._span(meta))
+        return build
+
+    add, sub, mul, div, pow = _binop("add"), _binop("sub"), _binop("mul"), _binop("div"), _binop("pow")
+    eq, ne, lt, le, gt, ge = _binop("eq"), _binop("ne"), _binop("lt"), _binop("le"), _binop("gt"), _binop("ge")
+
+    @v_args(meta=True)
+    def neg(self, meta, children):
+        return ast.Neg(children[0], self._span(meta))
+
+    # ---- types
+    @v_args(meta=True)
+    def dim_atom(self, meta, children):
+        return ast.DimExpr(ast.DimAtom(str(children[0]), self._span(meta)), [], self._span(meta))
+
+    def _dim_op(op):
+        @v_args(meta=True)
+        def build(self, meta, children):
+            left, atom = children
+            return ast.DimExpr(left.first, left.rest + [(op, atom.first)], self._span(meta))
+        return build
+
+    dim_mul, dim_div = _dim_op("*"), _dim_op("/")
+
+    def dims(self, children):
+        return list(children)
+
+    @v_args(meta=True)
+    def type_spec(self, meta, children):
+        dtype, dims = children[0], (children[1] if len(children) > 1 else None)
+        return ast.TypeSpec(str(dtype), dims, self._span(meta), self._span(dtype))
+
+    @v_args(meta=True)
+    def literal(self, meta, children):
+        return float(children[0])
+
+    @v_args(meta=True)
+    def neg_literal(self, meta, children):
+        return -float(children[0])
+
+    # ---- statements
+    @v_args(meta=True)
+    def let_stmt(self, meta, children):
+        return ast.Let(str(children[0]), children[1], self._span(meta))
+
+    def store_role(self, children):
+        return str(children[0])
+
+    @v_args(meta=True)
+    def store_stmt(self, meta, children):
+        role, name, type_, expr = children
+        return ast.Store(role, str(name), type_, expr, self._span(meta))
+
+    @v_args(meta=True)
+    def in_stmt(self, meta, children):
+        name, type_, default = children[0], children[1], (children[2] if len(children) > 2 else None)
+        return ast.InDecl(str(name), type_, default, self._span(meta))
+
+    @v_args(meta=True)
+    def operand(self, meta, children):
+        type_ = children[1] if len(children) > 1 else None
+        return ast.Operand(str(children[0]), type_, self._span(children[0]))
+
+    @v_args(meta=True)
+    def option(self, meta, children):
+        return (str(children[0]), (str(children[1]), self._span(children[1])), self._span(meta))
+
+    def config(self, children):
+        return children
+
+    @v_args(meta=True)
+    def gemm_stmt(self, meta, children):
+        name, a, b, *rest = children
+        options = {}
+        body = rest
+        if rest and isinstance(rest[0], list):
+            for key, value, span in rest[0]:
+                if key in options:
+                    raise EpicError(Diagnostic("E202", f"option '{key}' given twice", span))
+                options[key] = value
+            body = rest[1:]
+        return ast.Gemm(str(name), a, b, options, list(body), self._span(meta))
+
+    @v_args(meta=True)
+    def param(self, meta, children):
+        return ast.Param(str(children[0]), children[1] if len(children) > 1 else None, self._span(meta))
+
+    def params(self, children):
+        return list(children)
+
+    @v_args(meta=True)
+    def def_expr(self, meta, children):
+        name, params, result = children
+        return ast.Def(str(name), params or [], [], result, self._span(children[0]))
+
+    @v_args(meta=True)
+    def def_block(self, meta, children):
+        name, params, *lets, result = children
+        return ast.Def(str(name), params or [], list(lets), result, self._span(children[0]))
+
+    @v_args(meta=True)
+    def use_stmt(self, meta, children):
+        return ast.Use(str(children[0])[1:-1], self._span(meta))
+
+
+def _expr_span(e) -> Span | None:
+    return getattr(e, "span", None)

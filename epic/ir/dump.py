@@ -1,0 +1,164 @@
+"""Stable, readable renderings of a Program: text, JSON and Graphviz dot.
+
+Values are numbered per kernel (%0, %1, ...) in topological order, so a dump does not depend on
+how many programs were compiled before in the same process.
+"""
+from __future__ import annotations
+
+import json
+
+from .core import Program, Value
+
+
+def _attr_text(v: Value) -> str:
+    a = v.attrs
+    if v.op == "load":
+        return a["tensor"]
+    if v.op == "const":
+        x = a["value"]
+        return repr(int(x)) if v.dtype.is_int else repr(float(x))
+    if v.op == "dim":
+        return str(a["dim"])
+    if v.op == "reduce":
+        return f"{a['axis']} {a['fn']}"
+    if v.op == "block_reduce":
+        return f"{a['fn']} 1x{a['block']}"
+    if v.op == "cast":
+        return str(a["to"])
+    if v.op == "powi":
+        return ""
+    if v.op == "partial":
+        return f"{a['axis']} {a['fn']} -> {a['buffer']}"
+    if v.op == "combine":
+        return f"{a['axis']} {a['fn']} <- {a['buffer']}"
+    return ""
+
+
+def _type_text(v: Value) -> str:
+    s = v.shape
+    kind = s.kind.value
+    if s.has_columns and s.width != 1:
+        kind += f"(w={s.width})"
+    if s.block:
+        kind += f"(1x{s.block})"
+    return f"{kind} {v.dtype}"
+
+
+def _numbering(values: list[Value]) -> dict[int, int]:
+    return {v.id: i for i, v in enumerate(values)}
+
+
+def _loc(v: Value) -> str:
+    return f"{v.span.line}:{v.span.column}" if v.span else ""
+
+
+def kernel_lines(k, program: Program) -> list[str]:
+    num = _numbering(k.values)
+    lines = [_kernel_header(k, program)]
+    for v in k.values:
+        args = v.args
+        rhs = v.op + (" " + _attr_text(v) if _attr_text(v) else "")
+        if args:
+            rhs += (" " if not _attr_text(v) else ", ") + ", ".join(f"%{num[a.id]}" for a in args)
+        if v.op == "powi":
+            rhs += f", {v.attrs['exp']}"
+        note = "  # " + " ".join(x for x in (v.name or "", _loc(v)) if x) if (v.name or v.span) else ""
+        lines.append(f"  %{num[v.id]:<3} = {rhs:<40} : {_type_text(v):<18}{note}")
+    for s in k.stores:
+        t = program.tensors[s.tensor]
+        lines.append(f"  store {s.tensor}: {t.describe()} <- %{num[s.value.id]}")
+    return lines
+
+
+def _kernel_header(k, program: Program) -> str:
+    if k.kind == "gemm":
+        a, b = program.tensors[k.a], program.tensors[k.b]
+        opts = ""
+        if k.options:
+            opts = " with " + ", ".join(f"{key}={_opt(v)}" for key, v in k.options.items())
+        return (f"kernel {k.name} = gemm {a.name}{_dims(a)} @ {b.name}{_dims(b)}{opts}"
+                f" -> acc f32[{k.rows}, {k.n}]")
+    return f"kernel {k.name} = {k.kind} over {k.axis}s of [{k.rows}, {k.n}]"
+
+
+def _opt(v) -> str:
+    return "x".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def _dims(t) -> str:
+    return "[" + ", ".join(map(str, t.dims)) + "]"
+
+
+def to_text(program: Program) -> str:
+    lines = [f"program {program.name}", "tensors:"]
+    width = max((len(n) for n in program.tensors), default=4)
+    for t in program.tensors.values():
+        extra = []
+        if t.layout == "kmajor":
+            extra.append("K-major")
+        if t.default is not None:
+            extra.append(f"default {t.default!r}")
+        if t.producer:
+            extra.append(f"stored by {t.producer}")
+        lines.append(f"  {t.name:<{width}}  {t.role:<6}  {t.describe()}" + ("  (" + ", ".join(extra) + ")" if extra else ""))
+    for k in program.kernels:
+        lines.extend(kernel_lines(k, program))
+    return "\n".join(lines) + "\n"
+
+
+def to_json(program: Program) -> str:
+    def value(v: Value, num) -> dict:
+        return {"id": num[v.id], "op": v.op, "args": [num[a.id] for a in v.args],
+                "attrs": {k: (str(x) if not isinstance(x, (int, float, str)) else x) for k, x in v.attrs.items()},
+                "dtype": str(v.dtype), "kind": v.shape.kind.value, "width": str(v.shape.width),
+                "block": v.shape.block, "name": v.name,
+                "loc": {"line": v.span.line, "column": v.span.column} if v.span else None}
+
+    kernels = []
+    for k in program.kernels:
+        num = _numbering(k.values)
+        entry = {"name": k.name, "kind": k.kind, "rows": str(k.rows), "n": str(k.n),
+                 "values": [value(v, num) for v in k.values],
+                 "stores": [{"tensor": s.tensor, "value": num[s.value.id]} for s in k.stores]}
+        if k.kind == "gemm":
+            entry.update(a=k.a, b=k.b, k=str(k.k), options={key: _opt(v) for key, v in k.options.items()})
+        else:
+            entry.update(axis=k.axis)
+        kernels.append(entry)
+    tensors = [{"name": t.name, "role": t.role, "dtype": str(t.dtype), "dims": [str(d) for d in t.dims],
+                "layout": t.layout, "producer": t.producer, "default": t.default, "block": t.block}
+               for t in program.tensors.values()]
+    return json.dumps({"program": program.name, "dims": program.dims, "tensors": tensors, "kernels": kernels},
+                      indent=1) + "\n"
+
+
+def to_dot(program: Program) -> str:
+    out = ["digraph epic {", "  rankdir=TB;", '  node [fontname="monospace", fontsize=10];']
+    tensor_node = {}
+    for t in program.tensors.values():
+        tid = f"t_{t.name}"
+        tensor_node[t.name] = tid
+        shape = "cylinder" if t.role in ("input", "scalar") else "note"
+        out.append(f'  {tid} [shape={shape}, label="{t.name}\\n{t.describe()}\\n{t.role}"];')
+    for ki, k in enumerate(program.kernels):
+        num = _numbering(k.values)
+        out.append(f'  subgraph cluster_{ki} {{ label="{k.kind} {k.name}"; style=rounded;')
+        for v in k.values:
+            label = f"%{num[v.id]} {v.op} {_attr_text(v)}\\n{_type_text(v)}"
+            if v.name:
+                label += f"\\n{v.name}"
+            out.append(f'    k{ki}_{num[v.id]} [shape=box, label="{label}"];')
+        out.append("  }")
+        for v in k.values:
+            for a in v.args:
+                out.append(f"  k{ki}_{num[a.id]} -> k{ki}_{num[v.id]};")
+            if v.op in ("load", "combine") and v.attrs.get("tensor", v.attrs.get("buffer")) in tensor_node:
+                out.append(f'  {tensor_node[v.attrs.get("tensor", v.attrs.get("buffer"))]} -> k{ki}_{num[v.id]} [style=dashed];')
+        for s in k.stores:
+            out.append(f"  k{ki}_{num[s.value.id]} -> {tensor_node[s.tensor]} [style=bold];")
+        acc = next((v for v in k.values if v.op == "acc"), None)
+        if k.kind == "gemm" and acc is not None:
+            out.append(f'  {tensor_node[k.a]} -> k{ki}_{num[acc.id]} [style=dashed, label="A"];')
+            out.append(f'  {tensor_node[k.b]} -> k{ki}_{num[acc.id]} [style=dashed, label="B"];')
+    out.append("}")
+    return "\n".join(out) + "\n"

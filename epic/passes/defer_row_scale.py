@@ -1,0 +1,157 @@
+"""Row-scale deferral: move a per-row scale out of a GEMM's epilogue into the next GEMM's.
+
+If a stored tile t = s * V, where s is constant along each row and needs a whole-row reduction
+(RMSNorm's r = 1/rms(h)), and t is read only as the A operand of later GEMMs, then for each of
+those GEMMs (s * V) @ W = s * (V @ W) row by row: store V instead, and multiply the consumer's
+accumulator by s[row]. s itself becomes a small [M] buffer (finished by a combine kernel, see
+split_reductions). The product is flattened through *, / and integer powers, so any operand
+order works. Anything else that carries the reduction into t (silu(r*h), h + r, a per-column
+statistic) cannot be moved, and the pass says why.
+"""
+from __future__ import annotations
+
+from ..checks.locality import describe_reduction, reductions_feeding
+from ..diagnostics import Diagnostic, EpicError
+from ..dtypes import F32
+from ..ir.core import Store, Tensor, Value, topo_order
+from ..shapes import COL, SCALAR, Kind
+from .rewrite import make, rebuild
+
+SUFFIX = "_rowscale"
+
+
+class _NotLinear(Exception):
+    def __init__(self, culprit: Value, why: str):
+        self.culprit, self.why = culprit, why
+
+
+def _flatten(v: Value, dep: dict, exp: int, out: list, sign: list) -> None:
+    """Collect the factors of a product tree: (value, exponent) pairs; a sign flip for neg."""
+    if v.id not in dep:        # tile-local factor: keep it whole
+        out.append((v, exp))
+        return
+    if v.op == "mul":
+        for a in v.args:
+            _flatten(a, dep, exp, out, sign)
+        return
+    if v.op == "div":
+        _flatten(v.args[0], dep, exp, out, sign)
+        _flatten(v.args[1], dep, -exp, out, sign)
+        return
+    if v.op == "neg":
+        sign[0] = -sign[0]
+        _flatten(v.args[0], dep, exp, out, sign)
+        return
+    if v.op == "powi" and v.kind is not Kind.COL:      # (r * x) ** p = r ** p * x ** p
+        _flatten(v.args[0], dep, exp * v.attrs["exp"], out, sign)
+        return
+    if v.kind is Kind.COL or v.kind is Kind.SCALAR:
+        out.append((v, exp))    # a row-constant factor that needs a reduction: the scale
+        return
+    if v.kind is Kind.ROW:
+        raise _NotLinear(v, "it is a per-column statistic; only a per-row scale commutes with the right "
+                            "matrix product ((x * c[col]) @ W != c * (x @ W))")
+    raise _NotLinear(v, f"the reduction reaches it through `{v.op}`, which is not a product; "
+                        "(r * x) @ W = r * (x @ W) holds only when r multiplies the whole row")
+
+
+def _product(factors: list[tuple[Value, int]], like: Value) -> Value | None:
+    num = [f if e == 1 else make("powi", (f,), {"exp": e}, like) for f, e in factors if e > 0]
+    den = [f if e == -1 else make("powi", (f,), {"exp": -e}, like) for f, e in factors if e < 0]
+    acc = None
+    for f in num:
+        acc = f if acc is None else make("mul", (acc, f), like=like)
+    if den:
+        d = den[0]
+        for f in den[1:]:
+            d = make("mul", (d, f), like=like)
+        one = Value("const", (), {"value": 1.0}, F32, SCALAR, like.span)
+        acc = make("div", (acc if acc is not None else one, d), like=like)
+    return acc
+
+
+def run(program):
+    kernels = list(program.kernels)
+    tensors = dict(program.tensors)
+    for i, k in enumerate(kernels):
+        if k.kind != "gemm":
+            continue
+        dep = reductions_feeding(k)
+        replaced: dict[str, Value] = {}
+        extra: list[Store] = []
+        for s in k.stores:
+            v = s.value
+            if v.kind is not Kind.TILE or v.id not in dep:
+                continue
+            consumers = [c for c in kernels[i + 1:] if c.kind == "gemm" and c.a == s.tensor]
+            if not consumers:
+                continue        # nothing to defer into: the locality check reports it
+            _check_consumers(program, kernels[i + 1:], s, tensors[s.tensor], consumers, dep[v.id], k)
+            try:
+                new_value, scale = _split(v, dep)
+            except _NotLinear as e:
+                raise EpicError(Diagnostic(
+                    "E501", f"cannot move the row scale of '{s.tensor}' into gemm '{consumers[0].name}': "
+                    f"'{e.culprit.name or e.culprit.op}' needs {describe_reduction(dep[v.id], k)}, and {e.why}",
+                    e.culprit.span or s.span,
+                    "apply the non-linear part after the next gemm, or store the statistic "
+                    "(out r: f32[M] = ...) and the unscaled value separately",
+                    [(s.span, f"'{s.tensor}' is the A operand of gemm '{consumers[0].name}'")])) from None
+            buf = s.tensor + SUFFIX
+            tensors[buf] = Tensor(buf, F32, (k.rows,), "buffer", s.span, producer=k.name)
+            replaced[s.tensor] = new_value
+            extra.append(Store(buf, scale, s.span))
+            for j, c in enumerate(kernels):
+                if c in consumers:
+                    kernels[j] = _scale_accumulator(c, buf)
+        if replaced:
+            stores = [Store(s.tensor, replaced.get(s.tensor, s.value), s.span) for s in k.stores] + extra
+            kernels[i] = k.with_values(topo_order([s.value for s in stores]), stores)
+    return program.replace_kernels(kernels, tensors)
+
+
+def _check_consumers(program, later, s: Store, t: Tensor, consumers, reduction: Value, k) -> None:
+    readers = [c.name for c in later if any(v.op == "load" and v.attrs["tensor"] == s.tensor for v in c.values)]
+    why = None
+    if t.role == "out":
+        why = (f"'{s.tensor}' is also returned to the caller, who expects the scaled value; "
+               f"declare it `tmp {s.tensor}` if only later gemms read it")
+    elif readers:
+        why = f"'{s.tensor}' is also read as a tile by gemm '{readers[0]}', where the scale cannot be deferred"
+    if why:
+        raise EpicError(Diagnostic(
+            "E502", f"cannot move the row scale of '{s.tensor}' ({describe_reduction(reduction, k)}) into gemm "
+            f"'{consumers[0].name}': {why}", s.span,
+            "a row scale can move only into gemms that read the value as their A operand"))
+
+
+def _split(v: Value, dep: dict) -> tuple[Value, Value]:
+    """v = scale * rest with scale row-constant and non-local; returns (rest, scale)."""
+    inner, cast = v, None
+    if v.op == "cast" and v.dtype.is_float:
+        inner, cast = v.args[0], v
+    factors: list[tuple[Value, int]] = []
+    sign = [1]
+    _flatten(inner, dep, 1, factors, sign)
+    scale = [(f, e) for f, e in factors if f.id in dep]
+    rest = [(f, e) for f, e in factors if f.id not in dep]
+    if not any(f.kind is Kind.TILE for f, _ in rest):
+        raise _NotLinear(v, "no tile-shaped factor is left to store once the row scale is removed")
+    value = _product(rest, v)
+    if sign[0] < 0:
+        value = make("neg", (value,), like=v)
+    if cast is not None:
+        value = make("cast", (value,), {"to": cast.dtype}, like=cast)
+    if all(value is not f for f, _ in rest):
+        value.name = v.name      # name the new value only, never one shared with an earlier stage
+    return value, _product(scale, v)
+
+
+def _scale_accumulator(kernel, buffer: str):
+    load = Value("load", (), {"tensor": buffer}, F32, COL, kernel.span, buffer)
+
+    def scale(v, args):
+        if v.op == "acc":
+            return make("mul", (v, load), like=v, name="acc")
+        return None
+    return rebuild(kernel, scale)

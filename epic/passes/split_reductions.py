@@ -1,0 +1,79 @@
+"""Reduction splitting: every whole-row/column reduction becomes per-tile partials + a combine kernel.
+
+In the gemm, `reduce(X)` turns into a `partial` sink that writes one value per (row, tile of
+columns) -- deterministic, no atomics -- into a buffer. A combine kernel placed right after the
+gemm reads only those partials, merges them (sum, max, min, mean = sum / width, and the online
+log-sum-exp pair (m, s): m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)), then computes
+the vector math that follows the reductions and performs the stores that need it.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..checks.locality import reductions_feeding
+from ..dtypes import F32
+from ..ir.core import CombineKernel, Store, Tensor, Value, topo_order
+from ..shapes import Kind, Shape
+
+PARTIAL = Shape(Kind.PARTIAL)
+
+
+def run(program):
+    kernels, tensors = [], dict(program.tensors)
+    for k in program.kernels:
+        if k.kind != "gemm":
+            kernels.append(k)
+            continue
+        dep = reductions_feeding(k)
+        if not dep or any(v.kind in (Kind.TILE, Kind.BLOCK) for v in k.values if v.id in dep and v.op != "reduce"):
+            kernels.append(k)   # nothing to split, or a locality error the checker will report
+            continue
+        kernels.extend(_split(k, dep, tensors))
+    return program.replace_kernels(kernels, tensors)
+
+
+def _split(k, dep: dict, tensors: dict) -> list:
+    local_stores = [s for s in k.stores if s.value.id not in dep]
+    partial_stores: list[Store] = []
+    combines = []
+    for axis in ("row", "col"):
+        reduces = [v for v in k.values if v.op == "reduce" and v.attrs["axis"] == axis]
+        if not reduces:
+            continue
+        mapped: dict[int, Value] = {}
+        for i, r in enumerate(reduces):
+            buf = f"{k.name}_{r.name or axis + '_' + r.attrs['fn']}_part{i}"
+            x = r.args[0]
+            tensors[buf] = Tensor(buf, F32, (k.rows, k.n * x.shape.width), "partial",
+                                  r.span, producer=k.name, tiles_axis="n" if axis == "row" else "m",
+                                  components=2 if r.attrs["fn"] == "lse" else 1)
+            attrs = {"axis": axis, "fn": r.attrs["fn"], "buffer": buf}
+            partial = Value("partial", (x,), attrs, F32, PARTIAL, r.span, r.name, r.origin)
+            partial_stores.append(Store(buf, partial, r.span))
+            width = k.n * x.shape.width if axis == "row" else k.rows
+            mapped[r.id] = Value("combine", (), dict(attrs, width=width), F32, r.shape, r.span, r.name, r.origin)
+        stores = [s for s in k.stores if s.value.id in dep and _axis(dep[s.value.id]) == axis]
+        for s in stores:
+            _copy_into(s.value, mapped)
+        new_stores = [Store(s.tensor, mapped[s.value.id], s.span) for s in stores]
+        for s in stores:
+            tensors[s.tensor] = replace(tensors[s.tensor], producer=f"{k.name}_{axis}_combine")
+        combines.append(CombineKernel(f"{k.name}_{axis}_combine", k.name, axis, k.rows, k.n,
+                                      topo_order([s.value for s in new_stores]), new_stores, span=k.span))
+    stores = local_stores + partial_stores
+    gemm = k.with_values(topo_order([s.value for s in stores]), stores)
+    return [gemm] + [c for c in combines if c.stores]
+
+
+def _axis(reduction: Value) -> str:
+    return reduction.attrs["axis"]
+
+
+def _copy_into(v: Value, mapped: dict) -> Value:
+    """Rebuild v (vector math after the reductions) on the combine kernel's values."""
+    if v.id in mapped:
+        return mapped[v.id]
+    args = tuple(_copy_into(a, mapped) for a in v.args)
+    out = Value(v.op, args, v.attrs, v.dtype, v.shape, v.span, v.name, v.origin)   # a fresh value per kernel
+    mapped[v.id] = out
+    return out

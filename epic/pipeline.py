@@ -1,0 +1,54 @@
+"""Front half of the compiler as one call: text -> typed IR -> checks -> rewrite passes.
+
+`analyze` returns the program after every stage so that `epic ir --after PASS` can print any of
+them; it raises EpicError with every diagnostic when the program is not legal.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from .checks import layout, locality
+from .diagnostics import EpicError
+from .frontend.lower import load_program
+from .ir.core import Program
+
+
+@dataclass
+class Analysis:
+    source_program: Program                     # straight from the front end
+    stages: list[tuple[str, Program]] = field(default_factory=list)   # (pass name, program after it)
+
+    @property
+    def program(self) -> Program:
+        """The final, legal program (after every pass)."""
+        return self.stages[-1][1] if self.stages else self.source_program
+
+
+def read_source(path_or_text: str) -> tuple[str, str, str]:
+    """(text, display name, base directory for `use`) for a path or an inline program."""
+    if "\n" not in path_or_text and (path_or_text.endswith(".epi") or os.path.exists(path_or_text)):
+        with open(path_or_text) as f:
+            return f.read(), path_or_text, os.path.dirname(os.path.abspath(path_or_text))
+    return path_or_text, "<string>", os.getcwd()
+
+
+def lower(path_or_text: str) -> Program:
+    text, name, base = read_source(path_or_text)
+    return load_program(text, name, base)
+
+
+def analyze(path_or_text: str, run_passes: bool = True, stop_after: str | None = None) -> Analysis:
+    program = lower(path_or_text)
+    static = layout.check_static(program)
+    if static:
+        raise EpicError(static)
+    analysis = Analysis(program)
+    if run_passes:
+        from .passes import manager
+        analysis.stages = manager.run_all(program, stop_after=stop_after)
+    if stop_after is None:
+        diags = locality.check(analysis.program)
+        if diags:
+            raise EpicError(diags)
+    return analysis

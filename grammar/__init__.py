@@ -1,0 +1,1 @@
+"""The .lark grammar of the .epi language (shipped as package data)."""

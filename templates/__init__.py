@@ -1,0 +1,1 @@
+"""Jinja templates that print CUDA/C++ (shipped as package data)."""
