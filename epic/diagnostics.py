@@ -10,6 +10,48 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+CODES = {
+    "E101": "unexpected character",
+    "E102": "unexpected token",
+    "E103": "unexpected end of file",
+    "E201": "unknown name or tensor",
+    "E202": "name defined twice, or a reserved name",
+    "E203": "wrong number or kind of arguments",
+    "E204": "unknown dtype",
+    "E205": "dtype not allowed here",
+    "E206": "wrong shape kind (a row vector is not a tile)",
+    "E207": "operand widths do not line up",
+    "E208": "declared dimensions do not match",
+    "E209": "GEMM operands do not fit together",
+    "E210": "a definition calls itself",
+    "E211": "unknown function",
+    "E212": "an argument must be an integer literal",
+    "E213": "nothing to do (no gemm, or a gemm that stores nothing)",
+    "E214": "a vector could be a row or a column vector",
+    "E215": "bad gemm option, kernel configuration or pass name",
+    "E301": "needs a whole row inside the same epilogue (tile locality)",
+    "E302": "needs a whole column inside the same epilogue (tile locality)",
+    "E401": "pairwise map on an odd width",
+    "E402": "a width-changing map must feed a store",
+    "E403": "contiguous dimension not a multiple of 16 bytes (TMA)",
+    "E404": "quantization block size does not fit the tile",
+    "E405": "int4 output with an odd width",
+    "E501": "a row scale cannot be moved into the next gemm: it does not multiply the whole row",
+    "E502": "a row scale cannot be moved: the value is also returned or read as a tile",
+    "E599": "internal: a pass built an ill-typed value (a bug in epic)",
+    "E601": "missing tensor or scalar argument",
+    "E602": "tensor of the wrong shape",
+    "E603": "tensor of the wrong dtype",
+    "E604": "tensor on the wrong device",
+    "E605": "tensor with unsupported strides",
+    "E606": "tensor not 16-byte aligned",
+    "E607": "bad or missing dimension sizes",
+    "E701": "the generated CUDA failed to compile (a bug in epic; the .cu is kept)",
+    "E702": "not supported by code generation yet",
+    "E703": "no CUDA device or the kernel launch failed",
+}
+
+
 @dataclass(frozen=True)
 class Source:
     """A named source text (a file or a string handed to epic.compile)."""

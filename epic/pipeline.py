@@ -33,13 +33,15 @@ def read_source(path_or_text: str) -> tuple[str, str, str]:
     return path_or_text, "<string>", os.getcwd()
 
 
-def lower(path_or_text: str) -> Program:
-    text, name, base = read_source(path_or_text)
-    return load_program(text, name, base)
+def lower(path_or_text: str, name: str | None = None) -> Program:
+    text, default_name, base = read_source(path_or_text)
+    return load_program(text, name or default_name, base)
 
 
-def analyze(path_or_text: str, run_passes: bool = True, stop_after: str | None = None) -> Analysis:
-    program = lower(path_or_text)
+def analyze(path_or_text: str, run_passes: bool = True, stop_after: str | None = None,
+            name: str | None = None) -> Analysis:
+    """Front end, static checks, passes, locality. `name` labels an inline program in diagnostics."""
+    program = lower(path_or_text, name)
     static = layout.check_static(program)
     if static:
         raise EpicError(static)

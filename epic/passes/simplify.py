@@ -21,8 +21,9 @@ def _const(x: Value, value: float | None = None) -> bool:
 
 
 def _same_type(x: Value, v: Value) -> bool:
-    """x can stand in for v: same shape, and the same dtype (an int value may not replace a float)."""
-    return x.shape == v.shape and x.dtype is v.dtype
+    """x can stand in for v: same shape, and both floating point or both integer (a bf16 load's value
+    is exact in the f32 compute type, but an int value may not replace a float one)."""
+    return x.shape == v.shape and x.dtype.is_float == v.dtype.is_float and x.dtype.is_int == v.dtype.is_int
 
 
 def _fold(v: Value, args: tuple) -> Value | None:

@@ -1,0 +1,86 @@
+"""Kernel configuration (tile, cluster, schedule) of each gemm: a documented heuristic by size,
+overridable in the file (`gemm g(...) with tile=128x128x64, schedule=pingpong`) and per call.
+
+Heuristic (measured on the H200, see docs/PERFORMANCE.md):
+  M <= 64      pingpong 64x128x64, cluster 1x1     decode: small tiles fill more SMs
+  M <= 256     pingpong 64x128x64, cluster 1x1
+  otherwise    cooperative 128x256x64, cluster 2x1 prefill: the tile CUTLASS's own probes liked best
+The tile width is then narrowed if a 1xB block does not divide it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..diagnostics import Diagnostic, EpicError
+
+SCHEDULES = ("cooperative", "pingpong")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    schedule: str
+    tile: tuple[int, int, int]
+    cluster: tuple[int, int] = (1, 1)
+
+    @property
+    def tile_m(self) -> int:
+        return self.tile[0]
+
+    @property
+    def tile_n(self) -> int:
+        return self.tile[1]
+
+    def __str__(self) -> str:
+        return f"{self.schedule} {'x'.join(map(str, self.tile))} cluster {self.cluster[0]}x{self.cluster[1]}"
+
+    def key(self) -> str:
+        return f"{self.schedule[:4]}_{'x'.join(map(str, self.tile))}_c{self.cluster[0]}x{self.cluster[1]}"
+
+
+def validate(cfg: KernelConfig, where: str = "") -> KernelConfig:
+    m, n, k = cfg.tile
+    problems = []
+    if cfg.schedule not in SCHEDULES:
+        problems.append(f"unknown schedule '{cfg.schedule}' (use {' or '.join(SCHEDULES)})")
+    if cfg.schedule == "cooperative" and m not in (128, 256):
+        problems.append("the cooperative schedule needs tile M = 128 or 256")
+    if cfg.schedule == "pingpong" and m not in (64, 128):
+        problems.append("the pingpong schedule needs tile M = 64 or 128")
+    if n not in (64, 128, 256):
+        problems.append("tile N must be 64, 128 or 256")
+    if k not in (64, 128):
+        problems.append("tile K must be 64 or 128")
+    if cfg.cluster not in ((1, 1), (2, 1), (1, 2), (2, 2)):
+        problems.append("cluster must be 1x1, 2x1, 1x2 or 2x2")
+    if problems:
+        raise EpicError(Diagnostic("E215", f"bad kernel configuration{' for ' + where if where else ''}: "
+                                   + "; ".join(problems), None))
+    return cfg
+
+
+def heuristic(m: int, blocks: set[int] | None = None) -> KernelConfig:
+    if m <= 256:
+        cfg = KernelConfig("pingpong", (64, 128, 64), (1, 1))
+    else:
+        cfg = KernelConfig("cooperative", (128, 256, 64), (2, 1))
+    for b in blocks or ():
+        if cfg.tile_n % b:   # powers of two: only a block wider than the tile fails to divide it
+            cfg = KernelConfig(cfg.schedule, (cfg.tile_m, b, cfg.tile[2]), cfg.cluster)
+    return cfg
+
+
+def choose(kernel, m: int, override: dict | None = None) -> KernelConfig:
+    """The configuration of one gemm: call-time override > options in the file > heuristic."""
+    from ..checks.layout import block_sizes
+    cfg = heuristic(m, block_sizes(kernel))
+    for source in (kernel.options, override or {}):
+        if source:
+            cfg = KernelConfig(source.get("schedule", cfg.schedule), tuple(source.get("tile", cfg.tile)),
+                               tuple(source.get("cluster", cfg.cluster)))
+    cfg = validate(cfg, f"gemm '{kernel.name}'")
+    for b in block_sizes(kernel):
+        if cfg.tile_n % b:
+            raise EpicError(Diagnostic("E404", f"gemm '{kernel.name}': block size {b} does not divide the tile "
+                                       f"width {cfg.tile_n}", kernel.span,
+                                       "pick a tile width that is a multiple of the block size"))
+    return cfg

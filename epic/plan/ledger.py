@@ -1,0 +1,192 @@
+"""The byte ledger (the seed article's 字节账): global-memory bytes each kernel reads and writes,
+against the same program run op by op without fusion.
+
+Model, so that every row can be checked by hand from the shapes:
+- each tensor a kernel touches is counted once (operand re-reads that L2 serves are not counted);
+- fused: a gemm reads A, B and every tensor its epilogue loads, and writes its stores (per-tile
+  partials included); a combine kernel reads partials and vectors and writes its stores;
+- op by op: each gemm writes its accumulator in the activation dtype (A's dtype, bf16 for fp8 A);
+  then every operation of the source program is one kernel that reads its tensor operands and
+  writes its result. A call of a prelude or user definition (rmsnorm, swiglu, silu, ...) counts as
+  one operation, like torch's F.rms_norm or F.silu; each operator written in the file (+, *, row_sum,
+  ...) counts as one. Intermediate tiles are held in the activation dtype, row/column statistics in
+  f32, stored values in their declared dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import dtypes, sizes as sizes_mod
+from ..ir.core import Program, Value
+from ..shapes import Kind
+from .planner import Plan
+
+SOURCES = ("acc", "load", "const", "dim", "row_index", "col_index")
+
+
+@dataclass
+class Row:
+    kernel: str
+    kind: str
+    reads: list[tuple[str, str, int]]    # (name, "dtype[shape]", bytes)
+    writes: list[tuple[str, str, int]]
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(b for *_, b in self.reads)
+
+    @property
+    def write_bytes(self) -> int:
+        return sum(b for *_, b in self.writes)
+
+
+def fused_rows(plan: Plan) -> list[Row]:
+    rows = []
+    for step in plan.steps:
+        def entry(name):
+            b = plan.buffers[name]
+            return (name, f"{b.dtype}[{', '.join(map(str, b.shape))}]", b.nbytes)
+        rows.append(Row(step.kernel.name, step.kernel.kind, [entry(n) for n in step.reads],
+                        [entry(n) for n in step.writes]))
+    return rows
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def unfused_rows(source: Program, sizes: dict[str, int]) -> list[Row]:
+    rows: list[Row] = []
+    ev = lambda d: sizes_mod.evaluate(d, sizes)  # noqa: E731
+    for k in source.kernels:
+        a = source.tensors[k.a]
+        act = a.dtype if a.dtype.bits == 16 else dtypes.BF16
+        m, n = ev(k.rows), ev(k.n)
+
+        def elems(v: Value) -> tuple[int, ...]:
+            w = int(n * v.shape.width) if v.shape.has_columns else 0
+            return {Kind.TILE: (m, w), Kind.ROW: (w,), Kind.COL: (m,), Kind.SCALAR: (),
+                    Kind.BLOCK: (m, -(-w // (v.shape.block or 1)))}[v.kind]
+
+        def held(v: Value):
+            """(dtype, shape) of a value as op by op would keep it in memory."""
+            if v.op == "load":
+                t = source.tensors[v.attrs["tensor"]]
+                return t.dtype, tuple(ev(d) for d in t.dims)
+            if v.kind in (Kind.COL, Kind.ROW) and v.op != "acc":
+                return dtypes.F32, elems(v)
+            return act, elems(v)
+
+        def entry(name, dt, shape):
+            return (name, f"{dt}[{', '.join(map(str, shape))}]", (_count(shape) * dt.bits + 7) // 8)
+
+        kb = source.tensors[k.b]
+        rows.append(Row(f"{k.name} (gemm)", "gemm",
+                        [entry(k.a, a.dtype, tuple(ev(d) for d in a.dims)),
+                         entry(k.b, kb.dtype, tuple(ev(d) for d in kb.dims))],
+                        [entry("acc", act, (m, n))]))
+        stored = {s.value.id: source.tensors[s.tensor] for s in k.stores}
+        groups: dict[object, list[Value]] = {}
+        for v in k.values:
+            if v.op not in SOURCES:
+                groups.setdefault(("call", v.origin) if v.origin is not None else ("op", v.id), []).append(v)
+        users = k.users()
+        for members in groups.values():
+            ids = {v.id for v in members}
+            inputs = {x.id: x for v in members for x in v.args if x.id not in ids and x.kind is not Kind.SCALAR
+                      and x.op not in ("row_index", "col_index")}
+            outputs = [v for v in members if v.id in stored or any(u.id not in ids for u in users.get(v.id, []))]
+            reads = []
+            for x in inputs.values():
+                dt, shape = held(x)
+                reads.append(entry(x.attrs["tensor"] if x.op == "load" else (x.name or x.op), dt, shape))
+            writes = []
+            for v in outputs:
+                dt, shape = held(v)
+                if v.id in stored:
+                    t = stored[v.id]
+                    dt, shape = t.dtype, tuple(ev(d) for d in t.dims)
+                writes.append(entry(stored[v.id].name if v.id in stored else (v.name or v.op), dt, shape))
+            label = members[-1].name or members[-1].op
+            if members[0].origin is not None:
+                label = _call_label(members)
+            rows.append(Row(f"  {label}", "op", reads, writes))
+    return rows
+
+
+def _call_label(members: list[Value]) -> str:
+    span = members[0].span
+    if span is None:
+        return members[-1].op
+    text = span.source.line(span.line)[span.column - 1:]
+    name = text.split("(")[0].strip()
+    return f"{name}(...)" if name.isidentifier() else members[-1].op
+
+
+def _mib(b: int) -> str:
+    if b >= 1 << 20:
+        return f"{b / (1 << 20):.2f} MiB"
+    if b >= 1 << 10:
+        return f"{b / (1 << 10):.1f} KiB"
+    return f"{b} B"
+
+
+def render(plan: Plan, source: Program) -> str:
+    sizes = ", ".join(f"{k}={v}" for k, v in plan.sizes.items())
+    out = [f"plan for {plan.program.name} at {sizes}", ""]
+    out.append("kernels (in launch order):")
+    for i, step in enumerate(plan.steps, 1):
+        k = step.kernel
+        cfg = f"  [{step.config}]" if step.config else ""
+        desc = f"gemm {k.a} @ {k.b}" if k.kind == "gemm" else f"combine of {k.source}'s per-tile partials ({k.axis}s)"
+        out.append(f"  {i}. {k.name}: {desc}{cfg}")
+        if k.kind == "gemm":
+            work = [f"{s.tensor}" for s in k.stores if s.value.op != "partial"]
+            parts = [f"{s.value.attrs['fn']}" for s in k.stores if s.value.op == "partial"]
+            scaled = [v.attrs["tensor"] for v in k.values if v.op == "load" and v.attrs["tensor"].endswith("_rowscale")]
+            if scaled:
+                out.append(f"       epilogue multiplies acc by {', '.join(scaled)}[row]")
+            out.append(f"       writes {', '.join(work) or 'nothing else'}"
+                       + (f"; per-tile partials ({', '.join(parts)})" if parts else ""))
+        else:
+            out.append(f"       writes {', '.join(s.tensor for s in k.stores)}")
+    out.append("")
+    out.append("buffers:")
+    for b in plan.buffers.values():
+        if b.role in ("scalar",):
+            continue
+        out.append(f"  {b.name:<28} {b.role:<7} {b.dtype}[{', '.join(map(str, b.shape))}]".ljust(64)
+                   + f" {b.nbytes:>14,} B  written by {b.writer or 'caller'}; read by {', '.join(b.readers) or '-'}")
+    fused = fused_rows(plan)
+    unfused = unfused_rows(source, plan.sizes)
+    out.append("")
+    out.append("byte ledger, fused (this plan):")
+    out.extend(_table(fused))
+    out.append("")
+    out.append("byte ledger, op by op without fusion (see epic/plan/ledger.py for the model):")
+    out.extend(_table(unfused))
+    f_total = sum(r.read_bytes + r.write_bytes for r in fused)
+    u_total = sum(r.read_bytes + r.write_bytes for r in unfused)
+    out.append("")
+    out.append(f"total fused      {f_total:>16,} B  ({_mib(f_total)}) in {len(fused)} kernels")
+    out.append(f"total op by op   {u_total:>16,} B  ({_mib(u_total)}) in {len(unfused)} kernels")
+    out.append(f"fused / op by op {f_total / u_total:>16.3f}")
+    return "\n".join(out)
+
+
+def _table(rows: list[Row]) -> list[str]:
+    out = [f"  {'kernel':<26} {'read':>16} {'written':>16}   detail"]
+    for r in rows:
+        detail = "; ".join(f"{n} {s}" for n, s, _ in r.reads) + " -> " + "; ".join(f"{n} {s}" for n, s, _ in r.writes)
+        out.append(f"  {r.kernel:<26} {r.read_bytes:>16,} {r.write_bytes:>16,}   {detail}")
+    out.append(f"  {'total':<26} {sum(r.read_bytes for r in rows):>16,} {sum(r.write_bytes for r in rows):>16,}")
+    return out
+
+
+def totals(plan: Plan, source: Program) -> tuple[int, int]:
+    f = sum(r.read_bytes + r.write_bytes for r in fused_rows(plan))
+    u = sum(r.read_bytes + r.write_bytes for r in unfused_rows(source, plan.sizes))
+    return f, u

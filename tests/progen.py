@@ -1,0 +1,61 @@
+"""Hypothesis strategies that write random well-formed .epi programs (as text).
+
+A program is one gemm, or a chain of two where the first stores a tile scaled by a random
+per-row statistic (`tmp n`) that the second takes as its A operand. Expressions are random trees
+over the accumulator, a residual tile, a row vector, a column vector, a scalar and literals,
+through element-wise ops that stay finite on normal inputs.
+"""
+from hypothesis import strategies as st
+
+LEAVES = ["acc", "z", "g", "c", "alpha", "0.5", "2", "1.25"]
+UNARY = ["tanh({})", "sigmoid({})", "silu({})", "abs({})", "relu({})", "gelu({})", "gelu_tanh({})",
+         "-({})", "({}) ** 2", "exp(tanh({}))", "sqrt(abs({}) + 1)", "f32({})", "bf16({})"]
+BINARY = ["({}) + ({})", "({}) - ({})", "({}) * ({})", "max({}, {})", "min({}, {})",
+          "({}) / (abs({}) + 1)", "select(({}) > 0, {}, 0.5)"]
+REDUCE = ["row_sum({})", "row_max({})", "row_mean({})", "row_lse({})", "row_min({})"]
+
+
+@st.composite
+def tile_expr(draw, depth=3):
+    """An expression that is a tile (it mentions acc or z)."""
+    if depth == 0:
+        return draw(st.sampled_from(["acc", "z", "acc * g", "z + c", "acc + z"]))
+    choice = draw(st.integers(0, 3))
+    if choice == 0:
+        return draw(st.sampled_from(["acc", "z", "acc + z"]))
+    if choice == 1:
+        return draw(st.sampled_from(UNARY)).format(draw(tile_expr(depth - 1)))
+    a = draw(tile_expr(depth - 1))
+    b = draw(st.one_of(tile_expr(depth - 1), st.sampled_from(LEAVES)))
+    if draw(st.booleans()):
+        a, b = b, a
+    return draw(st.sampled_from(BINARY)).format(a, b)
+
+
+@st.composite
+def row_stat(draw):
+    """A per-row statistic: a reduction of a tile, then vector math."""
+    r = draw(st.sampled_from(REDUCE)).format(draw(tile_expr(1)))
+    return draw(st.sampled_from(["{}", "rsqrt(abs({}) + 1)", "1 / (abs({}) + 1)", "tanh({}) + 2", "({}) * c + 3"])).format(r)
+
+
+@st.composite
+def program(draw):
+    lines = ["gemm a(x: bf16[M, D] @ w: bf16[D, D]) {", "  in z: bf16[M, D]", "  in g: bf16[D]",
+             "  in c: f32[M]", "  in alpha: f32 = 0.75"]
+    for i in range(draw(st.integers(1, 3))):
+        dtype = draw(st.sampled_from(["bf16", "f32", "f16"]))
+        lines.append(f"  out t{i}: {dtype} = {draw(tile_expr())}")
+    if draw(st.booleans()):
+        lines.append(f"  out s: f32[M] = {draw(row_stat())}")
+    chain = draw(st.booleans())
+    if chain:
+        scale = draw(row_stat())
+        local = draw(tile_expr(2))
+        form = draw(st.sampled_from(["({l}) * ({s})", "({s}) * ({l})", "({l}) / ({s})", "g * ({s}) * ({l})",
+                                     "rmsnorm({l}, g)", "-(({l}) * ({s}))", "(({l}) * ({s})) ** 2"]))
+        lines.append(f"  tmp n: bf16 = {form.format(l=local, s=scale)}")
+    lines.append("}")
+    if chain:
+        lines += ["gemm b(n @ w2: bf16[D, E]) {", f"  out y: f32 = {draw(st.sampled_from(['acc', 'acc * 2', 'tanh(acc)', 'acc + alpha']))}", "}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,133 @@
+"""One failing program per diagnostic code, asserting the code and the exact line:column.
+
+The expected location is written into the program itself: `$` marks where the caret must point
+(it is removed before compiling), so the expectation does not come from the code under test.
+"""
+import pytest
+
+from epic import diagnostics, sizes as sizes_mod
+from epic.checks import layout
+from epic.diagnostics import EpicError
+
+from .conftest import analyze
+
+GEMM = "gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n"
+
+CASES = {
+    "E101": GEMM + "  out y: bf16 = acc $% 2\n}\n",
+    "E102": GEMM + "  out y: bf16 = acc + $)\n}\n",
+    "E103": GEMM + "  out y: bf16 = acc$\n",
+    "E201": GEMM + "  out y: bf16 = acc + $bias\n}\n",
+    "E202": GEMM + "  h = acc\n  $h = acc * 2\n  out y: bf16 = h\n}\n",
+    "E203": GEMM + "  out y: bf16 = $exp(acc, acc)\n}\n",
+    "E204": GEMM + "  out y: $bf17 = acc\n}\n",
+    "E205": "gemm g(x: $f32[M, K] @ w: bf16[K, N]) {\n  out y: bf16 = acc\n}\n",
+    "E206": GEMM + "  in gamma: bf16[N]\n  out y: f32[M] = $row_sum(gamma)\n}\n",
+    "E207": GEMM + "  h = swiglu(acc)\n  out y: bf16 = $h + acc\n}\n",
+    "E208": GEMM + "  in z: bf16[M, D]\n  out y: bf16 = acc + $z\n}\n",
+    "E209": "gemm g(x: bf16[M, K] @ $w: bf16[J, N]) {\n  out y: bf16 = acc\n}\n",
+    "E210": "def f(x) = f(x) + 1\n" + GEMM + "  out y: bf16 = $f(acc)\n}\n",
+    "E211": GEMM + "  out y: bf16 = $gelu2(acc)\n}\n",
+    "E212": GEMM + "  out y: bf16 = acc ** $1.5\n}\n",
+    "E213": "$gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  h = acc\n}\n",
+    "E214": "gemm g(x: bf16[M, K] @ w: bf16[K, M]) {\n  in v: f32[M]\n  out y: bf16 = acc + $v\n}\n",
+    "E215": "gemm g(x: bf16[M, K] @ w: bf16[K, N]) with schedule=$fast {\n  out y: bf16 = acc\n}\n",
+    "E301": GEMM + "  in gamma: bf16[N]\n  out n: bf16 = $rmsnorm(acc, gamma)\n}\n",
+    "E302": GEMM + "  out y: bf16 = $acc - col_mean(acc)\n}\n",
+    "E402": GEMM + "  out s: f32[M] = $row_sum(swiglu(acc))\n}\n",
+    "E403": "gemm g($x: bf16[M, 12] @ w: bf16[12, N]) {\n  out y: bf16 = acc\n}\n",
+    "E404": GEMM + "  s = $block_max(abs(acc), 48)\n  out q: e4m3 = acc / s\n}\n",
+    "E405": "gemm g(x: bf16[M, K] @ w: bf16[K, 14]) {\n  $out q: i4 = even(acc)\n}\n",
+    "E501": ("gemm a(x: bf16[M, D] @ w: bf16[D, D]) {\n  in g: bf16[D]\n  tmp n: bf16 = $silu(rmsnorm(acc, g))\n}\n"
+             "gemm b(n @ w2: bf16[D, E]) {\n  out y: bf16 = acc\n}\n"),
+    "E502": ("gemm a(x: bf16[M, D] @ w: bf16[D, D]) {\n  in g: bf16[D]\n  $out n: bf16 = rmsnorm(acc, g)\n}\n"
+             "gemm b(n @ w2: bf16[D, E]) {\n  out y: bf16 = acc\n}\n"),
+}
+
+# Codes checked elsewhere: E401 needs runtime sizes (below), E6xx are about tensors handed to a
+# compiled program (tests/test_runtime_args.py), E599 is an internal consistency check, E7xx codegen.
+ELSEWHERE = {"E401", "E599", "E601", "E602", "E603", "E604", "E605", "E606", "E607", "E701", "E702", "E703"}
+
+
+def marked(program: str) -> tuple[str, int, int]:
+    """Remove the `$` marker; return the text and the marker's 1-based line and column."""
+    before, _, _ = program.partition("$")
+    line = before.count("\n") + 1
+    column = len(before) - (before.rfind("\n") + 1) + 1
+    return program.replace("$", "", 1), line, column
+
+
+@pytest.mark.parametrize("code", sorted(CASES))
+def test_code_and_location(code):
+    text, line, column = marked(CASES[code])
+    with pytest.raises(EpicError) as info:
+        analyze(text)
+    hits = [d for d in info.value.diagnostics if d.code == code]
+    assert hits, f"expected {code}, got {info.value.codes}: {info.value}"
+    d = hits[0]
+    assert d.span is not None
+    assert (d.span.line, d.span.column) == (line, column), str(info.value)
+    rendered = d.render()
+    assert rendered.startswith(f"t.epi:{line}:{column}: error[{code}]")
+    assert "^" in rendered.splitlines()[2]   # caret line under the source line
+
+
+def test_every_code_has_a_failing_program():
+    assert set(diagnostics.CODES) - set(CASES) - ELSEWHERE == set()
+
+
+def test_odd_width_for_pairwise_map_at_given_sizes():
+    text, line, column = marked(GEMM + "  out y: bf16 = $swiglu(acc)\n}\n")
+    program = analyze(text).program
+    diags = layout.check_sizes(program, {"M": 4, "K": 64, "N": 18})
+    odd = [d for d in diags if d.code == "E401"]
+    assert not odd   # 18 is even
+    diags = layout.check_sizes(program, {"M": 4, "K": 64, "N": 17})
+    odd = [d for d in diags if d.code == "E401"]
+    assert odd and (odd[0].span.line, odd[0].span.column) == (line, column)
+    assert "17" in odd[0].message
+
+
+def test_sizes_errors_are_diagnostics():
+    with pytest.raises(EpicError) as info:
+        sizes_mod.parse_shape_arg("M=8192,D")
+    assert info.value.codes == ["E607"]
+    program = analyze(GEMM + "  out y: bf16 = acc\n}\n").program
+    with pytest.raises(EpicError) as info:
+        sizes_mod.check_complete(program, {"M": 1})
+    assert "K" in str(info.value) and "N" in str(info.value)
+
+
+def test_locality_message_names_value_reduction_and_way_out():
+    text, _, _ = marked(CASES["E301"])
+    with pytest.raises(EpicError) as info:
+        analyze(text)
+    msg = str(info.value)
+    assert "'n' needs row_mean" in msg
+    assert "all N columns" in msg
+    assert "A operand of a later gemm" in msg
+
+
+def test_defer_refusal_explains_nonlinearity():
+    text, _, _ = marked(CASES["E501"])
+    with pytest.raises(EpicError) as info:
+        analyze(text)
+    msg = str(info.value)
+    assert "cannot move the row scale of 'n' into gemm 'b'" in msg
+    assert "not a product" in msg and "multiplies the whole row" in msg
+
+
+def test_defer_refusal_for_returned_value():
+    text, _, _ = marked(CASES["E502"])
+    with pytest.raises(EpicError) as info:
+        analyze(text)
+    assert "returned to the caller" in str(info.value) and "tmp n" in str(info.value)
+
+
+def test_per_column_statistic_cannot_be_deferred():
+    prog = ("gemm a(x: bf16[M, D] @ w: bf16[D, D]) {\n  tmp n: bf16 = acc * col_max(acc)\n}\n"
+            "gemm b(n @ w2: bf16[D, E]) {\n  out y: bf16 = acc\n}\n")
+    with pytest.raises(EpicError) as info:
+        analyze(prog)
+    assert info.value.codes == ["E501"]
+    assert "per-column statistic" in str(info.value)

@@ -1,0 +1,93 @@
+"""The plan and its byte ledger, checked by hand from the shapes."""
+import pytest
+
+from epic import pipeline
+from epic.diagnostics import EpicError
+from epic.plan import config, ledger, planner
+
+from .conftest import ROOT, analyze
+
+M, D, F = 8192, 4096, 14336
+BF, F32 = 2, 4
+
+
+def prenorm_plan():
+    a = pipeline.analyze(str(ROOT / "samples" / "prenorm_mlp.epi"))
+    return a, planner.make_plan(a.program, dict(M=M, D=D, F=F))
+
+
+def test_prenorm_kernels_and_buffers():
+    a, plan = prenorm_plan()
+    assert [s.kernel.name for s in plan.steps] == ["o_proj", "o_proj_row_combine", "gate_up", "down"]
+    tile_n = plan.configs["o_proj"].tile_n
+    part = plan.buffers["o_proj_row_mean_part0"]
+    assert part.shape == (M, D // tile_n) and part.nbytes == M * (D // tile_n) * F32
+    assert part.writer == "o_proj" and part.readers == ["o_proj_row_combine"]
+    r = plan.buffers["n_rowscale"]
+    assert r.shape == (M,) and r.readers == ["gate_up"]
+
+
+def test_prenorm_fused_ledger_by_hand():
+    a, plan = prenorm_plan()
+    rows = {r.kernel: r for r in ledger.fused_rows(plan)}
+    tile_n = plan.configs["o_proj"].tile_n
+    assert rows["o_proj"].read_bytes == M * D * BF + D * D * BF + M * D * BF + D * BF
+    assert rows["o_proj"].write_bytes == 2 * M * D * BF + M * (D // tile_n) * F32
+    assert rows["o_proj_row_combine"].read_bytes == M * (D // tile_n) * F32
+    assert rows["o_proj_row_combine"].write_bytes == M * F32
+    assert rows["gate_up"].read_bytes == M * D * BF + D * 2 * F * BF + M * F32
+    assert rows["gate_up"].write_bytes == M * F * BF
+    assert rows["down"].read_bytes == M * F * BF + F * D * BF + M * D * BF
+    assert rows["down"].write_bytes == M * D * BF
+
+
+def test_prenorm_unfused_ledger_by_hand():
+    a, plan = prenorm_plan()
+    rows = ledger.unfused_rows(a.source_program, plan.sizes)
+    total = sum(r.read_bytes + r.write_bytes for r in rows)
+    tile = M * D * BF
+    want = (
+        (M * D * BF + D * D * BF) + tile            # gemm o_proj: read attn, wo; write acc
+        + (tile + tile) + tile                      # h = acc + z
+        + (tile + D * BF) + tile                    # rmsnorm(h, gamma) -> n
+        + (tile + D * 2 * F * BF) + M * 2 * F * BF  # gemm gate_up
+        + M * 2 * F * BF + M * F * BF               # swiglu(acc) -> a
+        + (M * F * BF + F * D * BF) + tile          # gemm down
+        + (tile + tile) + tile                      # y = acc + resid
+    )
+    assert total == want
+    fused, unfused = ledger.totals(plan, a.source_program)
+    assert unfused == want and fused < unfused
+
+
+def test_ledger_render_has_totals():
+    a, plan = prenorm_plan()
+    text = ledger.render(plan, a.source_program)
+    assert "total fused" in text and "total op by op" in text
+    assert "o_proj_row_mean_part0" in text
+
+
+def test_heuristic_and_overrides():
+    assert config.heuristic(64).schedule == "pingpong"
+    assert config.heuristic(8192).tile == (128, 256, 64)
+    prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile=128x128x64, schedule=cooperative {\n"
+                   "  out y: bf16 = acc\n}\n").program
+    plan = planner.make_plan(prog, dict(M=64, K=64, N=64))
+    assert plan.configs["g"].tile == (128, 128, 64) and plan.configs["g"].schedule == "cooperative"
+    plan = planner.make_plan(prog, dict(M=64, K=64, N=64), {"g": {"tile": (64, 64, 64), "schedule": "pingpong"}})
+    assert plan.configs["g"].tile == (64, 64, 64)
+
+
+def test_bad_configuration_is_a_diagnostic():
+    prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile=64x128x64, schedule=cooperative {\n"
+                   "  out y: bf16 = acc\n}\n").program
+    with pytest.raises(EpicError) as info:
+        planner.make_plan(prog, dict(M=64, K=64, N=64))
+    assert info.value.codes == ["E215"] and "cooperative schedule needs tile M = 128" in str(info.value)
+
+
+def test_block_wider_than_tile_widens_tile():
+    prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  s = block_max(abs(acc), 256)\n"
+                   "  out q: e4m3 = acc / s\n  out qs: f32[M, N/256] = s\n}\n").program
+    plan = planner.make_plan(prog, dict(M=64, K=64, N=1024))
+    assert plan.configs["g"].tile_n == 256
