@@ -88,3 +88,31 @@ def bind_from_tensors(program: Program, shapes: dict[str, tuple[int, ...]],
 
 def _origin(d: Dim, source: dict[str, str]) -> str:
     return ", ".join(f"{n} from {source.get(n, '?')}" for n in dict.fromkeys(d.names)) or "a literal"
+
+
+def solve_integer(program: Program, shapes: dict[str, tuple]) -> dict[str, object]:
+    """Dimension sizes from tensor shapes with integer arithmetic only, so that the sizes may be
+    torch SymInts (torch.compile's fake tensors). Assumes the shapes were validated before."""
+    sizes: dict[str, object] = {}
+    progress = True
+    while progress:
+        progress = False
+        for t in program.inputs():
+            for d, n in zip(t.dims, shapes.get(t.name, ())):
+                unknown = [x for x in dict.fromkeys(d.names) if x not in sizes]
+                if len(unknown) != 1 or d.names.count(unknown[0]) != 1:
+                    continue
+                known = 1
+                for x in d.names:
+                    if x != unknown[0]:
+                        known = known * sizes[x]
+                sizes[unknown[0]] = n * d.coef.denominator // (d.coef.numerator * known)
+                progress = True
+    return sizes
+
+
+def evaluate_integer(dim: Dim, sizes: dict[str, object]):
+    v = dim.coef.numerator
+    for n in dim.names:
+        v = v * sizes[n]
+    return v // dim.coef.denominator

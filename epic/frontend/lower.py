@@ -239,12 +239,12 @@ class _KernelBuilder:
                 if text not in SCHEDULES:
                     raise _err("E215", f"unknown schedule '{text}'", span, "schedules: " + ", ".join(SCHEDULES))
                 out["schedule"] = text
-            elif key == "split_k":
-                if not text.isdigit() or int(text) < 1:
-                    raise _err("E215", f"split_k must be a positive integer, got '{text}'", span)
-                out["split_k"] = int(text)
+            elif key == "aux_load":
+                if text not in ("tma", "direct"):
+                    raise _err("E215", f"aux_load must be tma or direct, got '{text}'", span)
+                out["aux_load"] = text
             else:
-                raise _err("E215", f"unknown gemm option '{key}'", span, "options: tile, cluster, schedule, split_k")
+                raise _err("E215", f"unknown gemm option '{key}'", span, "options: tile, cluster, schedule, aux_load")
         return out
 
     def _bind(self, name: str, span: Span) -> None:

@@ -4,7 +4,8 @@ In the gemm, `reduce(X)` turns into a `partial` sink that writes one value per (
 columns) -- deterministic, no atomics -- into a buffer. A combine kernel placed right after the
 gemm reads only those partials, merges them (sum, max, min, mean = sum / width, and the online
 log-sum-exp pair (m, s): m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)), then computes
-the vector math that follows the reductions and performs the stores that need it.
+the vector math that follows the reductions and performs the stores that need it. Vector stores
+that need no reduction (a scaled column vector) move there too: a gemm epilogue stores tiles only.
 """
 from __future__ import annotations
 
@@ -25,20 +26,31 @@ def run(program):
             kernels.append(k)
             continue
         dep = reductions_feeding(k)
-        if not dep or any(v.kind in (Kind.TILE, Kind.BLOCK) for v in k.values if v.id in dep and v.op != "reduce"):
-            kernels.append(k)   # nothing to split, or a locality error the checker will report
+        if any(v.kind in (Kind.TILE, Kind.BLOCK) for v in k.values if v.id in dep and v.op != "reduce"):
+            kernels.append(k)   # a locality error the checker will report
+            continue
+        if not dep and not any(s.value.kind in (Kind.COL, Kind.ROW) for s in k.stores):
+            kernels.append(k)   # nothing to split
             continue
         kernels.extend(_split(k, dep, tensors))
     return program.replace_kernels(kernels, tensors)
 
 
+def _store_axis(s: Store, dep: dict) -> str | None:
+    """Which combine kernel a store belongs to: vectors go to the one over rows (COL) or columns (ROW)."""
+    if s.value.id in dep:
+        return dep[s.value.id].attrs["axis"]
+    return {Kind.COL: "row", Kind.ROW: "col"}.get(s.value.kind)
+
+
 def _split(k, dep: dict, tensors: dict) -> list:
-    local_stores = [s for s in k.stores if s.value.id not in dep]
+    local_stores = [s for s in k.stores if _store_axis(s, dep) is None]
     partial_stores: list[Store] = []
     combines = []
     for axis in ("row", "col"):
         reduces = [v for v in k.values if v.op == "reduce" and v.attrs["axis"] == axis]
-        if not reduces:
+        stores = [s for s in k.stores if _store_axis(s, dep) == axis]
+        if not reduces and not stores:
             continue
         mapped: dict[int, Value] = {}
         for i, r in enumerate(reduces):
@@ -52,7 +64,6 @@ def _split(k, dep: dict, tensors: dict) -> list:
             partial_stores.append(Store(buf, partial, r.span))
             width = k.n * x.shape.width if axis == "row" else k.rows
             mapped[r.id] = Value("combine", (), dict(attrs, width=width), F32, r.shape, r.span, r.name, r.origin)
-        stores = [s for s in k.stores if s.value.id in dep and _axis(dep[s.value.id]) == axis]
         for s in stores:
             _copy_into(s.value, mapped)
         new_stores = [Store(s.tensor, mapped[s.value.id], s.span) for s in stores]
@@ -63,10 +74,6 @@ def _split(k, dep: dict, tensors: dict) -> list:
     stores = local_stores + partial_stores
     gemm = k.with_values(topo_order([s.value for s in stores]), stores)
     return [gemm] + [c for c in combines if c.stores]
-
-
-def _axis(reduction: Value) -> str:
-    return reduction.attrs["axis"]
 
 
 def _copy_into(v: Value, mapped: dict) -> Value:

@@ -16,11 +16,18 @@ from ..diagnostics import Diagnostic, EpicError
 SCHEDULES = ("cooperative", "pingpong")
 
 
+AUX_LOADS = ("tma", "direct")
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     schedule: str
     tile: tuple[int, int, int]
     cluster: tuple[int, int] = (1, 1)
+    # how the epilogue reads extra [M, N] tiles: "tma" stages them through shared memory (what the
+    # collective builder sizes), "direct" loads registers straight from global memory and leaves the
+    # shared memory to the mainloop's pipeline
+    aux_load: str = "tma"
 
     @property
     def tile_m(self) -> int:
@@ -31,10 +38,12 @@ class KernelConfig:
         return self.tile[1]
 
     def __str__(self) -> str:
-        return f"{self.schedule} {'x'.join(map(str, self.tile))} cluster {self.cluster[0]}x{self.cluster[1]}"
+        return (f"{self.schedule} {'x'.join(map(str, self.tile))} cluster {self.cluster[0]}x{self.cluster[1]}"
+                + (f" aux_load={self.aux_load}" if self.aux_load != "tma" else ""))
 
     def key(self) -> str:
-        return f"{self.schedule[:4]}_{'x'.join(map(str, self.tile))}_c{self.cluster[0]}x{self.cluster[1]}"
+        return (f"{self.schedule[:4]}_{'x'.join(map(str, self.tile))}_c{self.cluster[0]}x{self.cluster[1]}"
+                + (f"_{self.aux_load}" if self.aux_load != "tma" else ""))
 
 
 def validate(cfg: KernelConfig, where: str = "") -> KernelConfig:
@@ -52,6 +61,8 @@ def validate(cfg: KernelConfig, where: str = "") -> KernelConfig:
         problems.append("tile K must be 64 or 128")
     if cfg.cluster not in ((1, 1), (2, 1), (1, 2), (2, 2)):
         problems.append("cluster must be 1x1, 2x1, 1x2 or 2x2")
+    if cfg.aux_load not in AUX_LOADS:
+        problems.append(f"aux_load must be one of {', '.join(AUX_LOADS)}")
     if problems:
         raise EpicError(Diagnostic("E215", f"bad kernel configuration{' for ' + where if where else ''}: "
                                    + "; ".join(problems), None))
@@ -76,7 +87,7 @@ def choose(kernel, m: int, override: dict | None = None) -> KernelConfig:
     for source in (kernel.options, override or {}):
         if source:
             cfg = KernelConfig(source.get("schedule", cfg.schedule), tuple(source.get("tile", cfg.tile)),
-                               tuple(source.get("cluster", cfg.cluster)))
+                               tuple(source.get("cluster", cfg.cluster)), source.get("aux_load", cfg.aux_load))
     cfg = validate(cfg, f"gemm '{kernel.name}'")
     for b in block_sizes(kernel):
         if cfg.tile_n % b:

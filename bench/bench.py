@@ -1,0 +1,179 @@
+"""Benchmark on one GPU: per workload and M, the bare cuBLAS GEMM, eager torch, torch.compile and
+epic, as median ms (triton do_bench, L2 flushed) and ratios to the bare GEMM in the same run.
+
+  python bench/bench.py [--rows 64,8192] [--work resid_norm,bias_gelu,...] [--no-compile]
+                        [--configs coop_128x256x64_c2x1,pp_128x128x64_c1x2,...] [--out results.json]
+
+Workloads follow ../shared/anchors/torch_baselines.py (Llama-3-8B shapes, bf16). Kernels come from
+the epic cache (EPIC_CACHE_DIR); build them ahead on a CPU machine with bench/prebuild.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import epic  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+D, DFF, DQKV = 4096, 14336, 6144
+bf = torch.bfloat16
+
+
+def bench(fn):
+    import triton.testing as tt
+    fn()
+    torch.cuda.synchronize()
+    return tt.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def rand(*shape, scale=1.0):
+    return (torch.randn(*shape, device="cuda") * scale).to(bf)
+
+
+def weight(k, n):
+    """A [K, N] operand laid out K-major, as nn.Linear keeps W[N, K] (passed as W.t())."""
+    return rand(n, k, scale=k ** -0.5).t()
+
+
+# Each workload: (epic program, function M -> (gemm, eager, epic_args, gemm_shapes))
+def w_resid_norm(m):
+    x, wo, z, g = rand(m, D), weight(D, D), rand(m, D), rand(D)
+    def gemm(): return x @ wo
+    def eager():
+        h = x @ wo + z
+        return h, h * g, torch.rsqrt(h.float().pow(2).mean(-1) + 1e-6)
+    return gemm, eager, dict(x=x, wo=wo, z=z, gamma=g)
+
+
+def w_bias_gelu(m):
+    x, w, b = rand(m, D), weight(D, DFF), rand(DFF)
+    def gemm(): return x @ w
+    def eager(): return F.gelu(x @ w + b, approximate="tanh")
+    return gemm, eager, dict(x=x, w=w, bias=b)
+
+
+def w_rope(m):
+    x, w = rand(m, D), weight(D, DQKV)
+    pos = (torch.arange(m, device="cuda") % 4096).float()
+    inv = 1.0 / (500000 ** (torch.arange(0, 128, 2, device="cuda").float() / 128))
+    freq = inv.repeat_interleave(2).repeat(DQKV // 128)
+    freq[D + 1024:] = 0
+    cos, sin = (pos[:, None] * inv[None, :]).cos(), (pos[:, None] * inv[None, :]).sin()
+    def gemm(): return x @ w
+    def eager():
+        h = x @ w
+        qk = h[:, : D + 1024].unflatten(-1, (-1, 64, 2)).float()
+        a, b = qk[..., 0], qk[..., 1]
+        c, s = cos[:, None, :], sin[:, None, :]
+        rot = torch.stack((a * c - b * s, a * s + b * c), -1).flatten(1).to(bf)
+        return torch.cat((rot, h[:, D + 1024:]), 1)
+    return gemm, eager, dict(x=x, wqkv=w, pos=pos, freq=freq)
+
+
+def w_prenorm_half(m):
+    x, w0, w1, z, g = rand(m, D), weight(D, D), weight(D, 2 * DFF), rand(m, D), rand(D)
+    n0 = rand(m, D)
+    def gemm():   # the two bare GEMMs of the chain
+        return x @ w0, n0 @ w1
+    def eager():
+        h = x @ w0 + z
+        return h, F.rms_norm(h, (D,), g, 1e-6) @ w1
+    return gemm, eager, dict(attn=x, wo=w0, z=z, gamma=g, wgu=w1)
+
+
+def w_plain(m):
+    x, w = rand(m, D), weight(D, D)
+    def gemm(): return x @ w
+    def eager(): return x @ w
+    return gemm, eager, dict(x=x, w=w)
+
+
+WORK = {
+    "resid_norm": ("samples/residual_rmsnorm.epi", w_resid_norm),
+    "bias_gelu": ("samples/bias_gelu.epi", w_bias_gelu),
+    "rope": ("samples/rope.epi", w_rope),
+    "prenorm_half": ("bench/programs/prenorm_half.epi", w_prenorm_half),
+    "plain": ("bench/programs/plain.epi", w_plain),
+}
+
+
+def parse_config(key: str) -> dict:
+    """'coop_128x256x64_c2x1[_direct]' -> {'schedule': 'cooperative', 'tile': (128, 256, 64), 'cluster': (2, 1)}"""
+    sched, tile, cluster, *rest = key.split("_")
+    cfg = {"schedule": {"coop": "cooperative", "ping": "pingpong", "pp": "pingpong"}[sched],
+           "tile": tuple(int(v) for v in tile.split("x")), "cluster": tuple(int(v) for v in cluster[1:].split("x"))}
+    if rest:
+        cfg["aux_load"] = rest[0]
+    return cfg
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="8192,64")
+    ap.add_argument("--work", default=",".join(WORK))
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--configs", default="", help="also time epic with these configurations (all gemms)")
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench.json"))
+    args = ap.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    print(torch.__version__, torch.cuda.get_device_name(), time.strftime("%Y-%m-%d"), flush=True)
+    results = []
+    for name in args.work.split(","):
+        path, make = WORK[name]
+        for m in rows:
+            gemm, eager, inputs = make(m)
+            rec = {"work": name, "M": m, "gemm_ms": bench(gemm)}
+            if name != "plain":
+                rec["eager_ms"] = bench(eager)
+                if not args.no_compile:
+                    t0 = time.time()
+                    cf = torch.compile(eager)
+                    rec["compile_ms"] = bench(cf)
+                    rec["compile_s"] = round(time.time() - t0, 1)
+                    torch._dynamo.reset()
+            variants = [("", None)] + [(c, parse_config(c)) for c in filter(None, args.configs.split(","))]
+            for label, cfg in variants:
+                try:
+                    prog = epic.compile(os.path.join(ROOT, path))
+                    if cfg:
+                        prog = epic.compile(os.path.join(ROOT, path),
+                                            {k.name: cfg for k in prog.program.kernels if k.kind == "gemm"})
+                    plan = prog.plan({**_sizes(prog, inputs)})
+                    rec[f"epic{'@' + label if label else ''}_ms"] = bench(lambda: prog(**inputs))
+                    if not label:
+                        rec["epic_config"] = {k: str(c) for k, c in plan.configs.items()}
+                except Exception as e:   # a configuration that does not build or launch: record why
+                    rec[f"epic{'@' + label if label else ''}_error"] = str(e).splitlines()[0][:200]
+            results.append(rec)
+            print(json.dumps(rec), flush=True)
+            del inputs
+            torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    print()
+    print(f"{'work':<14}{'M':>6}{'gemm ms':>10}{'eager':>8}{'compile':>9}{'epic':>8}   epic configs")
+    for r in results:
+        g = r["gemm_ms"]
+        ratio = lambda k: f"{r[k] / g:.3f}" if k in r else "-"  # noqa: E731
+        extra = "  ".join(f"{k[5:-3]}={r[k] / g:.3f}" for k in r if k.startswith("epic@") and k.endswith("_ms"))
+        print(f"{r['work']:<14}{r['M']:>6}{g:>10.4f}{ratio('eager_ms'):>8}{ratio('compile_ms'):>9}"
+              f"{ratio('epic_ms'):>8}   {extra}")
+    return 0
+
+
+def _sizes(prog, inputs):
+    from epic import sizes as sizes_mod
+    return sizes_mod.bind_from_tensors(prog.program, {k: tuple(v.shape) for k, v in inputs.items()
+                                                      if isinstance(v, torch.Tensor)})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

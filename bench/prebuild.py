@@ -1,0 +1,39 @@
+"""Build every kernel bench/bench.py needs (default configurations for M = 64 and 8192, plus the
+configurations given) into $EPIC_CACHE_DIR, on a CPU machine:
+    EPIC_CACHE_DIR=.epic-cache python bench/prebuild.py [--configs coop_128x256x64_c2x1,...]"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import epic  # noqa: E402
+from epic.codegen import emit  # noqa: E402
+from epic.runtime import build  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench import ROOT, WORK, parse_config  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", default="")
+    ap.add_argument("--work", default=",".join(WORK))
+    ap.add_argument("--rows", default="8192,64")
+    args = ap.parse_args()
+    units = {}
+    for name in args.work.split(","):
+        prog = epic.compile(os.path.join(ROOT, WORK[name][0]))
+        gemms = [k.name for k in prog.program.kernels if k.kind == "gemm"]
+        for m in (int(r) for r in args.rows.split(",")):
+            variants = [None] + [parse_config(c) for c in filter(None, args.configs.split(","))]
+            for cfg in variants:
+                overrides = {g: cfg for g in gemms} if cfg else None
+                for _, u in emit.units(prog.program, emit.kernel_configs(prog.program, m, overrides)):
+                    units[u.name] = u
+    for p in build.build_all(list(units.values())):
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

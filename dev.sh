@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The two set-up commands of the README.
+#   ./dev.sh setup   make .venv, install torch (CPU build) and epic (non-editable, as users get it),
+#                    then the main job: compile samples/residual_rmsnorm.epi to CUDA in out/ and
+#                    build it with nvcc into the kernel cache (no GPU needed)
+#   ./dev.sh test    run the test suite (GPU tests skip themselves without CUDA)
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${EPIC_VENV:-.venv}
+
+case "${1:-}" in
+  setup)
+    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+    # torch first: 2.13.0 is the small CPU build; a bare `torch` requirement would pull a 5 GB CUDA build.
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" -m pip install -q "torch==2.13.0" || "$VENV/bin/python" -m pip install -q torch
+    "$VENV/bin/python" -m pip install -q ".[test]"
+    if command -v nvcc >/dev/null 2>&1 && [ -z "${EPIC_SKIP_BUILD:-}" ]; then
+      "$VENV/bin/epic" compile samples/residual_rmsnorm.epi -o out/ --build
+    else
+      "$VENV/bin/epic" compile samples/residual_rmsnorm.epi -o out/
+      echo "nvcc not found (or EPIC_SKIP_BUILD set): generated CUDA in out/, not built"
+    fi
+    ;;
+  test)
+    shift
+    # run from tests' parent with the installed package (not the source tree) on the path
+    "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+    ;;
+  *)
+    echo "usage: ./dev.sh setup | ./dev.sh test [pytest args]" >&2
+    exit 2
+    ;;
+esac

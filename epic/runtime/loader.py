@@ -1,0 +1,65 @@
+"""Load a built kernel library with ctypes and call its C ABI (see templates/*.cu.j2)."""
+from __future__ import annotations
+
+import ctypes
+import json
+import threading
+from pathlib import Path
+
+from ..diagnostics import Diagnostic, EpicError
+
+_LOCK = threading.Lock()
+_LOADED: dict[str, "KernelLibrary"] = {}
+
+_STATUS = {1: "misaligned operand", 2: "invalid data type", 3: "invalid layout", 4: "invalid problem",
+           5: "not supported", 6: "workspace null", 7: "internal error (the launch failed)",
+           8: "architecture mismatch", 9: "insufficient driver", 10: "memory allocation", 11: "invalid",
+           -1: "null argument", -2: "workspace too small", -3: "CUDA error while querying the device",
+           -4: "the device is not sm_90 (Hopper)"}
+
+
+class KernelLibrary:
+    def __init__(self, path: Path):
+        self.path = path
+        self.lib = ctypes.CDLL(str(path))
+        self.lib.epic_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong),
+                                         ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_size_t]
+        self.lib.epic_launch.restype = ctypes.c_int
+        self.lib.epic_workspace_size.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
+        self.lib.epic_workspace_size.restype = ctypes.c_size_t
+        self.lib.epic_info.restype = ctypes.c_char_p
+        self.info = json.loads(self.lib.epic_info().decode())
+
+    def workspace_size(self, sizes: list[int]) -> int:
+        arr = (ctypes.c_longlong * len(sizes))(*sizes)
+        n = self.lib.epic_workspace_size(arr)
+        if n == ctypes.c_size_t(-1).value:
+            raise EpicError(Diagnostic("E703", f"kernel {self.info['kernel']}: cannot query the CUDA device"))
+        return int(n)
+
+    def launch(self, ptrs: list[int], sizes: list[int], scalars: list[float], stream: int,
+               workspace: int = 0, workspace_bytes: int = 0) -> None:
+        p = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
+        s = (ctypes.c_longlong * len(sizes))(*sizes)
+        f = (ctypes.c_float * max(1, len(scalars)))(*scalars)
+        rc = self.lib.epic_launch(p, s, f, ctypes.c_void_p(stream), ctypes.c_void_p(workspace or None),
+                                  workspace_bytes)
+        if rc != 0:
+            what = _STATUS.get(rc, f"CUDA error {rc}" if self.info.get("kind") == "combine" else f"status {rc}")
+            raise EpicError(Diagnostic("E703", f"kernel '{self.info['kernel']}' did not launch: {what}", None,
+                                       f"library {self.path}"))
+
+
+def load(path: Path, expect_ptrs: list[str]) -> KernelLibrary:
+    key = str(path)
+    with _LOCK:
+        lib = _LOADED.get(key)
+        if lib is None:
+            lib = KernelLibrary(path)
+            _LOADED[key] = lib
+    if lib.info.get("ptrs") != expect_ptrs:
+        raise EpicError(Diagnostic("E703", f"library {path} does not match the kernel it should hold "
+                                   f"(pointers {lib.info.get('ptrs')} vs {expect_ptrs})", None,
+                                   "clear the cache directory (EPIC_CACHE_DIR, default ~/.cache/epic)"))
+    return lib

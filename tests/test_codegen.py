@@ -1,0 +1,224 @@
+"""Code generation without a GPU: what each program lowers to, what is refused (E702), exact
+literals, the build cache, and (marker `nvcc`) a real nvcc compile of generated kernels."""
+import ctypes
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import epic
+from epic import dtypes, pipeline
+from epic.codegen import emit, evt, functor
+from epic.diagnostics import EpicError
+from epic.runtime import build, loader
+
+from .conftest import ROOT, analyze
+
+SUPPORTED = ["bias_gelu", "residual_rmsnorm", "rope", "fp8_gemm_scaled"]
+REFUSED = {   # sample -> words the E702 message must contain
+    "swiglu": "width-changing store",
+    "prenorm_mlp": "width-changing store",
+    "swiglu_bwd": "2 times as wide",
+    "cross_entropy": "online log-sum-exp",
+    "fp8_block_quant": "block reductions",
+    "int4_pack": "block reductions",
+}
+
+
+def configs(program, m=8192):
+    return emit.kernel_configs(program, m)
+
+
+@pytest.mark.parametrize("name", SUPPORTED)
+@pytest.mark.parametrize("m", [64, 8192])
+def test_supported_samples_generate(name, m):
+    prog = pipeline.analyze(str(ROOT / "samples" / f"{name}.epi")).program
+    pairs = emit.units(prog, configs(prog, m))
+    assert len(pairs) == len(prog.kernels)
+    for spec, unit in pairs:
+        assert "{{ " not in unit.source and "{%" not in unit.source   # no Jinja left over
+        assert unit.source.count("{") == unit.source.count("}")
+        assert "EPIC_API int epic_launch" in unit.source
+        if isinstance(spec, evt.KernelSpec):
+            assert f"Shape<_{spec.config.tile[0]}, _{spec.config.tile[1]}, _{spec.config.tile[2]}>" in unit.source
+            assert spec.nodes[-1].type.startswith("Sm90Compute") or spec.element_d == "void"
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_unsupported_features_are_refused_clearly(name):
+    with pytest.raises(EpicError) as info:
+        epic.compile(str(ROOT / "samples" / f"{name}.epi"))
+    assert info.value.codes == ["E702"]
+    msg = str(info.value)
+    assert REFUSED[name] in msg and "not supported by code generation yet" in msg
+    assert f"{name}.epi:" in msg     # it points at the source line
+
+
+def test_residual_rmsnorm_lowering():
+    prog = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi")).program
+    spec = evt.lower_gemm(prog, prog.kernels[0], configs(prog)["o_proj"])
+    assert [(p.role, p.tensor) for p in spec.pointers] == [
+        ("A", "x"), ("B", "wo"), ("D", "resid"), ("aux_load", "z"), ("row", "gamma"), ("aux_store", "hg"),
+        ("row_partial", "o_proj_row_mean_part0")]
+    types = [n.type.split("<")[0] for n in spec.nodes]
+    assert types == ["Sm90AccFetch", "Sm90AuxLoad", "Sm90RowBroadcast", "Sm90Compute", "Sm90AuxStore",
+                     "Sm90Compute", "Sm90ColReduction", "Sm90Compute"]
+    assert "FinalReduction=*/false" in spec.nodes[6].type and "cutlass::plus" in spec.nodes[6].type
+    assert spec.nodes[-1].type == "Sm90Compute<epic_fn2, cutlass::bfloat16_t, float, RN>"   # D = resid, bf16
+    assert spec.element_d == "cutlass::bfloat16_t"
+    assert [n.inputs for n in spec.nodes] == [[], [], [], [0, 1, 2], [3], [0, 1], [5], [0, 1]]
+
+
+def test_costly_shared_values_get_one_node():
+    prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  t = tanh(acc)\n"
+                   "  out a: bf16 = t * 2\n  out b: bf16 = t + 1\n}\n").program
+    spec = evt.lower_gemm(prog, prog.kernels[0], configs(prog)["g"])
+    assert sum("epic_tanh" in f for f in spec.functors) == 1
+    cheap = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  t = acc * 3\n"
+                    "  out a: bf16 = t * 2\n  out b: bf16 = t + 1\n}\n").program
+    spec = evt.lower_gemm(cheap, cheap.kernels[0], configs(cheap)["g"])
+    assert len(spec.functors) == 2 and all("* 3.0f" in f for f in spec.functors)   # recomputed, no node
+
+
+def test_d_is_void_when_only_partials_are_stored():
+    prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out s: f32[M] = row_sum(acc)\n}\n").program
+    spec = evt.lower_gemm(prog, prog.kernels[0], configs(prog)["g"])
+    assert spec.element_d == "void"
+    source = emit.render_gemm(prog, spec)
+    assert "struct DAG : DAGBase" in source and "using ElementAux = cutlass::bfloat16_t" in source
+
+
+@pytest.mark.parametrize("x", [0.1, 1e-6, 448.0, -3.5, 0.7978845608028654, 2.0**30, 1 / 3])
+def test_literals_are_exact(x):
+    text = functor.literal(x)
+    assert text.endswith("f")
+    value = float.fromhex(text[:-1]) if "0x" in text else float(text[:-1])
+    assert value == x
+
+
+def test_store_and_cast_semantics_in_cpp():
+    assert functor.store_expr("v", dtypes.E4M3) == "fminf(fmaxf(v, -448.0f), 448.0f)"
+    assert functor.store_expr("v", dtypes.I8) == "fminf(fmaxf(rintf(v), -128.0f), 127.0f)"
+    assert functor.store_expr("v", dtypes.BF16) == "v"
+    assert functor.cast_expr("v", dtypes.BF16, "cuda") == "float(__nv_bfloat16(v))"
+
+
+def test_combine_kernel_lowering():
+    prog = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi")).program
+    (spec, unit), = [(s, u) for s, u in emit.units(prog, configs(prog)) if u.name.endswith("combine")]
+    assert not unit.uses_cutlass
+    assert [(p.role, p.tensor) for p in spec.pointers] == [("row_partial", "o_proj_row_mean_part0"), ("out", "r")]
+    assert [s.name for s in spec.scalars] == ["D", "eps"]
+    body = "\n".join(spec.body)
+    assert "t * rows_padded + m" in body and "acc_0 /= s[0]" in body and "rsqrtf" in body
+
+
+def test_compile_command_writes_sources(tmp_path, capsys):
+    from epic_cli.main import main
+    assert main(["compile", str(ROOT / "samples" / "residual_rmsnorm.epi"), "-o", str(tmp_path)]) == 0
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["residual_rmsnorm.o_proj.coop_128x256x64_c2x1.cu", "residual_rmsnorm.o_proj_row_combine.cu"]
+
+
+# ---------------------------------------------------------------- the build cache, with a fake nvcc
+FAKE_NVCC = textwrap.dedent("""\
+    #!{python}
+    import os, sys, time
+    if "--version" in sys.argv:
+        print("Cuda compilation tools, release 13.0, V13.0.88"); sys.exit(0)
+    with open(os.environ["FAKE_NVCC_LOG"], "a") as f:
+        f.write("called\\n")
+    src = next(a for a in sys.argv if a.endswith(".cu"))
+    if "FAIL" in open(src).read():
+        print(src + "(3): error: this is a planted failure", file=sys.stderr); sys.exit(1)
+    time.sleep(float(os.environ.get("FAKE_NVCC_SLEEP", "0")))
+    out = sys.argv[sys.argv.index("-o") + 1]
+    open(out, "w").write("built")
+""")
+
+
+@pytest.fixture
+def fake_nvcc(tmp_path, monkeypatch):
+    exe = tmp_path / "nvcc"
+    exe.write_text(FAKE_NVCC.format(python=sys.executable))
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    log = tmp_path / "calls.log"
+    log.write_text("")
+    monkeypatch.setenv("EPIC_NVCC", str(exe))
+    monkeypatch.setenv("FAKE_NVCC_LOG", str(log))
+    monkeypatch.setenv("EPIC_CACHE_DIR", str(tmp_path / "cache"))
+    build.nvcc_version.cache_clear()
+    return log
+
+
+def test_cache_hit_does_not_call_nvcc(fake_nvcc):
+    unit = build.Unit("k", "// kernel A\n")
+    first = build.build_all([unit], quiet=True)[0]
+    again = build.build_all([unit], quiet=True)[0]
+    assert first == again and first.read_text() == "built"
+    assert fake_nvcc.read_text().count("called") == 1
+    other = build.build_all([build.Unit("k", "// kernel B\n")], quiet=True)[0]
+    assert other != first and fake_nvcc.read_text().count("called") == 2
+
+
+def test_two_processes_building_the_same_kernel(fake_nvcc, tmp_path):
+    code = ("from epic.runtime import build\n"
+            "print(build.build_one(build.Unit('k', '// same kernel\\n')))\n")
+    env = dict(os.environ, FAKE_NVCC_SLEEP="1.5", PYTHONPATH=os.pathsep.join(sys.path))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert outs[0] == outs[1]
+    assert fake_nvcc.read_text().count("called") == 1     # the second waited on the lock, then reused
+
+
+def test_nvcc_failure_is_E701_and_keeps_the_source(fake_nvcc):
+    with pytest.raises(EpicError) as info:
+        build.build_all([build.Unit("bad", "// FAIL\n")], quiet=True)
+    assert info.value.codes == ["E701"]
+    msg = str(info.value)
+    assert "bug in epic" in msg and "planted failure" in msg
+    kept = msg.split("the source is kept at ")[1].split(";")[0]
+    assert open(kept).read() == "// FAIL\n"
+
+
+# ---------------------------------------------------------------- a real nvcc compile (slow)
+@pytest.mark.nvcc
+def test_nvcc_builds_generated_kernels(tmp_path, monkeypatch):
+    """Two gemm kernels (one with a per-tile reduction) and a combine kernel, compiled by nvcc in
+    parallel into a fresh cache, then loaded: their C ABI must match what the runtime expects."""
+    if not build.shutil.which("nvcc"):
+        pytest.skip("nvcc not installed")
+    monkeypatch.setenv("EPIC_CACHE_DIR", str(tmp_path))
+    pairs = []
+    for name in ("residual_rmsnorm", "bias_gelu"):
+        prog = pipeline.analyze(str(ROOT / "samples" / f"{name}.epi")).program
+        pairs += emit.units(prog, configs(prog, 64))
+    paths = build.build_all([u for _, u in pairs], quiet=True)
+    assert len(paths) == 3 and all(p.exists() and p.stat().st_size > 100_000 for p in paths)
+    for (spec, _), p in zip(pairs, paths):
+        lib = loader.load(p, [f"{x.role}:{x.tensor}" for x in spec.pointers])
+        assert lib.info["kernel"] == spec.name
+        syms = subprocess.run(["nm", "-D", "--defined-only", str(p)], capture_output=True, text=True).stdout
+        assert "epic_launch" in syms and "epic_workspace_size" in syms
+    gemm = next(loader.load(p, [f"{x.role}:{x.tensor}" for x in s.pointers]) for (s, _), p in zip(pairs, paths)
+                if isinstance(s, evt.KernelSpec))
+    if not _has_gpu():
+        with pytest.raises(EpicError) as info:      # no GPU: the library says so instead of crashing
+            gemm.workspace_size([64, 256, 256])
+        assert info.value.codes == ["E703"]
+        rc = gemm.lib.epic_launch(None, None, None, None, None, 0)
+        assert rc == -1
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
