@@ -34,6 +34,28 @@ def bench(fn):
     return tt.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
+def host_us(fn, n=200):
+    """Host time per call: n calls without synchronizing (the GPU queue absorbs them)."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return t
+
+
+def graphed(fn):
+    """fn captured in a CUDA graph (static buffers): its replay has no host overhead."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
 def rand(*shape, scale=1.0):
     return (torch.randn(*shape, device="cuda") * scale).to(bf)
 
@@ -110,8 +132,11 @@ def parse_config(key: str) -> dict:
     sched, tile, cluster, *rest = key.split("_")
     cfg = {"schedule": {"coop": "cooperative", "ping": "pingpong", "pp": "pingpong"}[sched],
            "tile": tuple(int(v) for v in tile.split("x")), "cluster": tuple(int(v) for v in cluster[1:].split("x"))}
-    if rest:
-        cfg["aux_load"] = rest[0]
+    for extra in rest:
+        if extra.startswith("e") and "x" in extra:
+            cfg["epi_tile"] = tuple(int(v) for v in extra[1:].split("x"))
+        else:
+            cfg["aux_load"] = extra
     return cfg
 
 
@@ -120,6 +145,7 @@ def main() -> int:
     ap.add_argument("--rows", default="8192,64")
     ap.add_argument("--work", default=",".join(WORK))
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--graphs", action="store_true", help="also time CUDA-graph replays (no host overhead)")
     ap.add_argument("--configs", default="", help="also time epic with these configurations (all gemms)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench.json"))
     args = ap.parse_args()
@@ -131,6 +157,8 @@ def main() -> int:
         for m in rows:
             gemm, eager, inputs = make(m)
             rec = {"work": name, "M": m, "gemm_ms": bench(gemm)}
+            if args.graphs:
+                rec["gemm_graph_ms"] = bench(graphed(gemm))
             if name != "plain":
                 rec["eager_ms"] = bench(eager)
                 if not args.no_compile:
@@ -148,8 +176,13 @@ def main() -> int:
                                             {k.name: cfg for k in prog.program.kernels if k.kind == "gemm"})
                     plan = prog.plan({**_sizes(prog, inputs)})
                     rec[f"epic{'@' + label if label else ''}_ms"] = bench(lambda: prog(**inputs))
+                    if label and args.graphs:
+                        rec[f"epic@{label}_graph_ms"] = bench(graphed(lambda: prog(**inputs)))
                     if not label:
                         rec["epic_config"] = {k: str(c) for k, c in plan.configs.items()}
+                        rec["epic_host_us"] = host_us(lambda: prog(**inputs))
+                        if args.graphs:
+                            rec["epic_graph_ms"] = bench(graphed(lambda: prog(**inputs)))
                 except Exception as e:   # a configuration that does not build or launch: record why
                     rec[f"epic{'@' + label if label else ''}_error"] = str(e).splitlines()[0][:200]
             results.append(rec)
@@ -159,13 +192,17 @@ def main() -> int:
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     print()
-    print(f"{'work':<14}{'M':>6}{'gemm ms':>10}{'eager':>8}{'compile':>9}{'epic':>8}   epic configs")
+    print(f"{'work':<14}{'M':>6}{'gemm ms':>10}{'eager':>8}{'compile':>9}{'epic':>8}{'graphed':>9}{'host us':>9}"
+          "   other epic configs")
     for r in results:
         g = r["gemm_ms"]
-        ratio = lambda k: f"{r[k] / g:.3f}" if k in r else "-"  # noqa: E731
-        extra = "  ".join(f"{k[5:-3]}={r[k] / g:.3f}" for k in r if k.startswith("epic@") and k.endswith("_ms"))
+        ratio = lambda k, base=g: f"{r[k] / base:.3f}" if k in r else "-"  # noqa: E731
+        graph = ratio("epic_graph_ms", r.get("gemm_graph_ms", g))
+        gg = r.get("gemm_graph_ms", g)
+        extra = "  ".join(f"{k[5:-9]}={r[k] / gg:.3f}(graphed)" if k.endswith("_graph_ms") else f"{k[5:-3]}={r[k] / g:.3f}"
+                          for k in r if k.startswith("epic@") and k.endswith("_ms"))
         print(f"{r['work']:<14}{r['M']:>6}{g:>10.4f}{ratio('eager_ms'):>8}{ratio('compile_ms'):>9}"
-              f"{ratio('epic_ms'):>8}   {extra}")
+              f"{ratio('epic_ms'):>8}{graph:>9}{r.get('epic_host_us', 0):>9.1f}   {extra}")
     return 0
 
 

@@ -15,6 +15,7 @@ PROGRAMS = {
     "samples/fp8_gemm_scaled.epi": lambda m, n, k: dict(M=m, K=-(-k // 16) * 16, N=n),
     "bench/programs/prenorm_half.epi": lambda m, n, k: dict(M=m, D=n, F=k),
     "tests/programs/pair_swap.epi": lambda m, n, k: dict(M=m, K=k, N=n),
+    "tests/programs/col_stats.epi": lambda m, n, k: dict(M=m, K=k, N=n),
 }
 # (M, N, K): tile multiples, then ragged (M = 1, 77, 8191; N, K not multiples of 128)
 SIZES = [(128, 256, 128), (256, 512, 256), (1, 392, 200), (77, 392, 200), (8191, 392, 200), (300, 264, 136)]

@@ -86,3 +86,25 @@ def test_reference_method_runs_on_cpu(prog):
     want = torch.nn.functional.gelu(args["x"].double() @ args["w"].double() + args["bias"].double(),
                                     approximate="tanh")
     assert torch.allclose(out["y"], want)
+
+
+def test_torch_op_shapes_under_fake_tensors():
+    """The custom op's fake (meta) kernel gives torch.compile the output shapes and dtypes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    p = epic.compile(str(ROOT / "samples" / "residual_rmsnorm.epi"))
+    op = p.torch_op()
+    with FakeTensorMode():
+        x = torch.empty(33, 256, dtype=BF)
+        w = torch.empty(256, 256, dtype=BF).t()
+        out = op(x=x, wo=w, z=torch.empty(33, 256, dtype=BF), gamma=torch.empty(256, dtype=BF))
+    assert {k: (tuple(v.shape), v.dtype) for k, v in out.items()} == {
+        "resid": ((33, 256), BF), "hg": ((33, 256), BF), "r": ((33,), torch.float32)}
+
+
+def test_torch_op_derives_half_width_shapes():
+    from epic import sizes as sizes_mod
+    from epic import pipeline
+    prog = pipeline.analyze(str(ROOT / "samples" / "swiglu.epi")).program
+    sizes = sizes_mod.solve_integer(prog, {"x": (5, 64), "wgu": (64, 96)})
+    assert sizes == {"M": 5, "D": 64, "F": 48}
+    assert [sizes_mod.evaluate_integer(d, sizes) for d in prog.tensors["y"].dims] == [5, 48]

@@ -32,7 +32,9 @@ def _info(spec, kind: str) -> str:
 def render_gemm(program: Program, spec: evt.KernelSpec) -> str:
     return _env().get_template("gemm.cu.j2").render(
         k=spec, program=os.path.basename(program.name), version=__version__,
-        prelude=functor.helpers_for("\n".join(spec.functors)), info=_info(spec, "gemm"))
+        prelude=functor.helpers_for("\n".join(spec.functors)), info=_info(spec, "gemm"),
+        epilogue_tile=(f"Shape<_{spec.config.epi_tile[0]}, _{spec.config.epi_tile[1]}>" if spec.config.epi_tile
+                       else "cutlass::epilogue::collective::EpilogueTileAuto"))
 
 
 def render_combine(program: Program, spec: combine.CombineSpec) -> str:

@@ -162,7 +162,7 @@ class _Builder:
         """A Compute node evaluating `root` from leaves (and shared nodes); returns its index.
         store_dtype: the node feeds a store of that dtype (fp8/int values are clamped to saturate);
         element: the node's output element type (the root node outputs ElementD directly)."""
-        writer = fn.ExprWriter(pairwise=True)
+        writer = fn.ExprWriter(pairwise=True, fast=store_dtype is not None and store_dtype.name in fn.FAST_STORES)
         inputs: list[int] = []
 
         def visit(v: Value) -> None:

@@ -108,9 +108,10 @@ class ExprWriter:
     callable (value, half) -> expression of column 2k+half; for combine kernels a plain string.
     """
 
-    def __init__(self, pairwise: bool, flavor: str = "cutlass"):
+    def __init__(self, pairwise: bool, flavor: str = "cutlass", fast: bool = False):
         self.pairwise = pairwise
         self.flavor = flavor
+        self.fast = fast      # results only feed a store of <= 8 mantissa bits: fast division is exact enough
         self.lines: list[str] = []
         self.names: dict[int, tuple[str, ...]] = {}
         self.count = 0
@@ -145,7 +146,8 @@ class ExprWriter:
             out = tuple(self._new(self._unary(v, x)) for x in self._spread(v.args[0], v))
         elif op in _BINARY:
             a, b = (self._spread(x, v) for x in v.args)
-            out = tuple(self._new(_BINARY[op].format(a=x, b=y), op in ("eq", "ne", "lt", "le", "gt", "ge"))
+            form = "__fdividef({a}, {b})" if op == "div" and self.fast else _BINARY[op]
+            out = tuple(self._new(form.format(a=x, b=y), op in ("eq", "ne", "lt", "le", "gt", "ge"))
                         for x, y in zip(a, b))
         elif op == "select":
             c, a, b = (self._spread(x, v) for x in v.args)
@@ -185,6 +187,10 @@ class ExprWriter:
             prod = " * ".join([x] * abs(p))
             return f"({prod})" if p > 0 else f"(1.0f / ({prod}))"
         return _UNARY[v.op].format(x=x)
+
+
+# Stores whose precision (at most 8 mantissa bits) is far coarser than fast division's 2 ulp error.
+FAST_STORES = ("bf16", "e4m3", "e5m2", "i8", "i4")
 
 
 def is_costly(v: Value) -> bool:

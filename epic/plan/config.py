@@ -1,10 +1,11 @@
 """Kernel configuration (tile, cluster, schedule) of each gemm: a documented heuristic by size,
 overridable in the file (`gemm g(...) with tile=128x128x64, schedule=pingpong`) and per call.
 
-Heuristic (measured on the H200, see docs/PERFORMANCE.md):
-  M <= 64      pingpong 64x128x64, cluster 1x1     decode: small tiles fill more SMs
-  M <= 256     pingpong 64x128x64, cluster 1x1
-  otherwise    cooperative 128x256x64, cluster 2x1 prefill: the tile CUTLASS's own probes liked best
+Heuristic (measured on the H200 with bench/bench.py; numbers in docs/PERFORMANCE.md):
+  M <= 256     pingpong 64x64x64, cluster 1x1      decode: 64x64 tiles put 64 CTAs on N = 4096 where
+                                                   64x128 puts 32 (1.25x vs 1.41x cuBLAS for
+                                                   resid_norm at M = 64, 1.03x vs 1.17x plain)
+  otherwise    cooperative 128x256x64, cluster 2x1 prefill: best of the sweep for every workload
 The tile width is then narrowed if a 1xB block does not divide it.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ class KernelConfig:
     # collective builder sizes), "direct" loads registers straight from global memory and leaves the
     # shared memory to the mainloop's pipeline
     aux_load: str = "tma"
+    epi_tile: tuple[int, int] | None = None   # epilogue subtile (None: CUTLASS's EpilogueTileAuto)
 
     @property
     def tile_m(self) -> int:
@@ -39,11 +41,13 @@ class KernelConfig:
 
     def __str__(self) -> str:
         return (f"{self.schedule} {'x'.join(map(str, self.tile))} cluster {self.cluster[0]}x{self.cluster[1]}"
-                + (f" aux_load={self.aux_load}" if self.aux_load != "tma" else ""))
+                + (f" aux_load={self.aux_load}" if self.aux_load != "tma" else "")
+                + (f" epilogue {self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else ""))
 
     def key(self) -> str:
         return (f"{self.schedule[:4]}_{'x'.join(map(str, self.tile))}_c{self.cluster[0]}x{self.cluster[1]}"
-                + (f"_{self.aux_load}" if self.aux_load != "tma" else ""))
+                + (f"_{self.aux_load}" if self.aux_load != "tma" else "")
+                + (f"_e{self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else ""))
 
 
 def validate(cfg: KernelConfig, where: str = "") -> KernelConfig:
@@ -63,6 +67,11 @@ def validate(cfg: KernelConfig, where: str = "") -> KernelConfig:
         problems.append("cluster must be 1x1, 2x1, 1x2 or 2x2")
     if cfg.aux_load not in AUX_LOADS:
         problems.append(f"aux_load must be one of {', '.join(AUX_LOADS)}")
+    if cfg.epi_tile is not None:
+        em, en = cfg.epi_tile
+        if m % em or n % en or en % 16 or em % (128 if cfg.schedule == "cooperative" else 64):
+            problems.append("the epilogue tile must divide the CTA tile, with M a multiple of 64 (128 for the "
+                            "cooperative schedule) and N a multiple of 16")
     if problems:
         raise EpicError(Diagnostic("E215", f"bad kernel configuration{' for ' + where if where else ''}: "
                                    + "; ".join(problems), None))
@@ -71,7 +80,7 @@ def validate(cfg: KernelConfig, where: str = "") -> KernelConfig:
 
 def heuristic(m: int, blocks: set[int] | None = None) -> KernelConfig:
     if m <= 256:
-        cfg = KernelConfig("pingpong", (64, 128, 64), (1, 1))
+        cfg = KernelConfig("pingpong", (64, 64, 64), (1, 1))
     else:
         cfg = KernelConfig("cooperative", (128, 256, 64), (2, 1))
     for b in blocks or ():
@@ -86,8 +95,10 @@ def choose(kernel, m: int, override: dict | None = None) -> KernelConfig:
     cfg = heuristic(m, block_sizes(kernel))
     for source in (kernel.options, override or {}):
         if source:
+            epi = source.get("epi_tile", cfg.epi_tile)
             cfg = KernelConfig(source.get("schedule", cfg.schedule), tuple(source.get("tile", cfg.tile)),
-                               tuple(source.get("cluster", cfg.cluster)), source.get("aux_load", cfg.aux_load))
+                               tuple(source.get("cluster", cfg.cluster)), source.get("aux_load", cfg.aux_load),
+                               tuple(epi) if epi else None)
     cfg = validate(cfg, f"gemm '{kernel.name}'")
     for b in block_sizes(kernel):
         if cfg.tile_n % b:

@@ -24,7 +24,7 @@ class KernelLibrary:
         self.lib = ctypes.CDLL(str(path))
         self.lib.epic_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong),
                                          ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_size_t]
+                                         ctypes.c_size_t]   # ptrs, sizes, scalars, stream, workspace, bytes
         self.lib.epic_launch.restype = ctypes.c_int
         self.lib.epic_workspace_size.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
         self.lib.epic_workspace_size.restype = ctypes.c_size_t
@@ -38,13 +38,12 @@ class KernelLibrary:
             raise EpicError(Diagnostic("E703", f"kernel {self.info['kernel']}: cannot query the CUDA device"))
         return int(n)
 
-    def launch(self, ptrs: list[int], sizes: list[int], scalars: list[float], stream: int,
-               workspace: int = 0, workspace_bytes: int = 0) -> None:
+    def launch(self, ptrs: list[int], sizes, scalars, stream: int, workspace: int = 0, workspace_bytes: int = 0) -> None:
+        """sizes and scalars may be prebuilt ctypes arrays (the runtime builds them once per binding)."""
         p = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
-        s = (ctypes.c_longlong * len(sizes))(*sizes)
-        f = (ctypes.c_float * max(1, len(scalars)))(*scalars)
-        rc = self.lib.epic_launch(p, s, f, ctypes.c_void_p(stream), ctypes.c_void_p(workspace or None),
-                                  workspace_bytes)
+        s = sizes if isinstance(sizes, ctypes.Array) else (ctypes.c_longlong * len(sizes))(*sizes)
+        f = scalars if isinstance(scalars, ctypes.Array) else (ctypes.c_float * max(1, len(scalars)))(*scalars)
+        rc = self.lib.epic_launch(p, s, f, stream, workspace or None, workspace_bytes)
         if rc != 0:
             what = _STATUS.get(rc, f"CUDA error {rc}" if self.info.get("kind") == "combine" else f"status {rc}")
             raise EpicError(Diagnostic("E703", f"kernel '{self.info['kernel']}' did not launch: {what}", None,
