@@ -111,8 +111,8 @@ def w_prenorm_half(m):
     return gemm, eager, dict(attn=x, wo=w0, z=z, gamma=g, wgu=w1)
 
 
-def w_plain(m):
-    x, w = rand(m, D), weight(D, D)
+def w_plain(m, n=D):
+    x, w = rand(m, D), weight(D, n)
     def gemm(): return x @ w
     def eager(): return x @ w
     return gemm, eager, dict(x=x, w=w)
@@ -124,6 +124,10 @@ WORK = {
     "rope": ("samples/rope.epi", w_rope),
     "prenorm_half": ("bench/programs/prenorm_half.epi", w_prenorm_half),
     "plain": ("bench/programs/plain.epi", w_plain),
+    # the same identity epilogue at the other workloads' shapes: epic's mainloop alone, per shape
+    "plain_qkv": ("bench/programs/plain.epi", lambda m: w_plain(m, DQKV)),
+    "plain_ffn": ("bench/programs/plain.epi", lambda m: w_plain(m, DFF)),
+    "plain_gate_up": ("bench/programs/plain.epi", lambda m: w_plain(m, 2 * DFF)),
 }
 
 
@@ -159,7 +163,7 @@ def main() -> int:
             rec = {"work": name, "M": m, "gemm_ms": bench(gemm)}
             if args.graphs:
                 rec["gemm_graph_ms"] = bench(graphed(gemm))
-            if name != "plain":
+            if not name.startswith("plain"):
                 rec["eager_ms"] = bench(eager)
                 if not args.no_compile:
                     t0 = time.time()

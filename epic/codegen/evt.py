@@ -72,7 +72,6 @@ class KernelSpec:
     pointers: list[Pointer]
     scalars: list[Scalar]
     descriptors: list[tuple[str, str, str]] = field(default_factory=list)   # aux node smem helpers
-    partials: dict[str, str] = field(default_factory=dict)   # buffer -> "row" | "col"
 
     @property
     def schedule_types(self) -> tuple[str, str]:
@@ -96,7 +95,6 @@ class _Builder:
         self.pointers: list[Pointer] = []
         self.scalars: list[Scalar] = []
         self.leaf: dict[int, int] = {}        # IR value id -> node index
-        self.partials: dict[str, str] = {}
         self.descriptors: list[tuple[str, str, str]] = []   # (alias, helper, element)
         self.shared: set[int] = set()
 
@@ -244,7 +242,6 @@ class _Builder:
                 axis, fname = s.value.attrs["axis"], s.value.attrs["fn"]
                 op = REDUCE_OPS[fname]
                 p = self.pointer(f"{axis}_partial", t.name, dtypes.F32)
-                self.partials[t.name] = axis
                 if axis == "row":   # one value per row: reduce over N
                     self.add(f"Sm90ColReduction<{op}, {op}, {op}, 0, TileShape, float, float, RN, "
                              "Stride<_1, _0, int64_t>, 4, true, /*FinalReduction=*/false>",
@@ -283,7 +280,7 @@ class _Builder:
             element_a=_cpp(a.dtype), element_b=_cpp(b.dtype), align_a=128 // a.dtype.bits,
             align_b=128 // b.dtype.bits, element_d=element_d, align_d=align_d, aux_element=_cpp(aux),
             functors=self.functors, nodes=self.nodes, pointers=self.pointers, scalars=self.scalars,
-            descriptors=self.descriptors, partials=self.partials)
+            descriptors=self.descriptors)
 
     def _shared_values(self, roots: list[Value]) -> set[int]:
         """Costly values reached from two or more outputs: compute once, as a node of their own."""

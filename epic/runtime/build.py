@@ -124,6 +124,10 @@ def build_one(unit: Unit) -> Path:
             os.unlink(tmp)
             log = target.with_suffix(".log")
             log.write_text(" ".join(cmd) + "\n\n" + r.stdout + r.stderr)
+            if "Stages set to value 2 or more" in r.stdout + r.stderr:
+                raise EpicError(Diagnostic(
+                    "E215", f"kernel '{unit.name}': the epilogue's shared memory leaves the mainloop fewer than "
+                    "2 pipeline stages", None, "choose a smaller tile or epilogue tile (with tile=..., epi_tile=...)"))
             excerpt = "\n".join((r.stderr or r.stdout).strip().splitlines()[:12])
             raise EpicError(Diagnostic(
                 "E701", f"nvcc failed on the generated kernel '{unit.name}' (this is a bug in epic, not in your "
