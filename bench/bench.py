@@ -191,7 +191,7 @@ def main() -> int:
                     rec[f"epic{'@' + label if label else ''}_error"] = str(e).splitlines()[0][:200]
             results.append(rec)
             print(json.dumps(rec), flush=True)
-            del inputs
+            inputs = None   # free the operands before the next workload
             torch.cuda.empty_cache()
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)

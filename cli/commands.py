@@ -118,15 +118,18 @@ def cmd_compile(args) -> int:
     for p in paths:
         print(p)
     if args.build:
-        from epic.runtime import build
-        build.build_program(analysis.program, sizes)
+        _build(analysis, sizes, None)
     return 0
 
 
 def cmd_build(args) -> int:
-    from epic.runtime import build
     analysis = pipeline.analyze(args.file)
     sizes = sizes_mod.parse_shape_arg(args.shape) if args.shape else None
-    for lib in build.build_program(analysis.program, sizes, jobs=args.jobs):
-        print(lib)
+    _build(analysis, sizes, args.jobs)
     return 0
+
+
+def _build(analysis, sizes, jobs) -> None:
+    from epic.runtime.program import Program
+    for lib in Program(analysis).build(sizes, jobs):
+        print(f"built {lib}")

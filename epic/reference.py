@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from . import dtypes, sizes as sizes_mod
+from . import sizes as sizes_mod
 from .diagnostics import Diagnostic, EpicError
 from .dtypes import DType
 from .ir.core import GemmKernel, Program, Value
@@ -38,11 +38,6 @@ def round_to(x: torch.Tensor, dt: DType, exact: bool) -> torch.Tensor:
     if dt.max_finite is not None:   # fp8: saturate, then round to nearest even
         x = torch.clamp(x, dt.min_finite, dt.max_finite)
     return x.to(getattr(torch, dt.torch_name)).to(F64)
-
-
-def to_dtype_tensor(x: torch.Tensor, dt: DType) -> torch.Tensor:
-    """A float64 value already rounded to dt, held in dt's torch dtype (int4 in int8, unpacked)."""
-    return x.to(getattr(torch, dt.torch_name))
 
 
 # ---------------------------------------------------------------------------------------- evaluation

@@ -1,7 +1,5 @@
 """Code generation without a GPU: what each program lowers to, what is refused (E702), exact
 literals, the build cache, and (marker `nvcc`) a real nvcc compile of generated kernels."""
-import ctypes
-import json
 import os
 import stat
 import subprocess
@@ -175,6 +173,19 @@ def test_two_processes_building_the_same_kernel(fake_nvcc, tmp_path):
     assert all(p.returncode == 0 for p in procs)
     assert outs[0] == outs[1]
     assert fake_nvcc.read_text().count("called") == 1     # the second waited on the lock, then reused
+
+
+def test_build_and_compile_commands(fake_nvcc, tmp_path, capsys):
+    from epic_cli.main import main
+    sample = str(ROOT / "samples" / "residual_rmsnorm.epi")
+    assert main(["build", sample, "--shape", "M=64,D=256"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("built ") == 2 and "ping_64x64x64_c1x1.so" in out and "o_proj_row_combine.so" in out
+    assert fake_nvcc.read_text().count("called") == 2
+    assert main(["compile", sample, "-o", str(tmp_path / "out"), "--build"]) == 0
+    out = capsys.readouterr().out
+    assert "coop_128x256x64_c2x1.so" in out and (tmp_path / "out").is_dir()
+    assert fake_nvcc.read_text().count("called") == 3      # the combine kernel came from the cache
 
 
 def test_nvcc_failure_is_E701_and_keeps_the_source(fake_nvcc):

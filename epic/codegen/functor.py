@@ -197,10 +197,3 @@ def is_costly(v: Value) -> bool:
     """Ops worth computing once and sharing between outputs rather than recomputing."""
     return v.op in ("exp", "log", "tanh", "erf", "sin", "cos", "div", "sqrt", "rsqrt")
 
-
-def needs_pairs(values) -> bool:
-    return any(v.op in ("even", "odd", "interleave") for v in values)
-
-
-def half_width(v: Value) -> bool:
-    return v.shape.has_columns and v.shape.width != 1 and v.kind is not Kind.BLOCK

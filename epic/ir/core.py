@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
 
 from ..diagnostics import Span
 from ..dtypes import DType
@@ -173,6 +172,3 @@ def topo_order(roots: list[Value]) -> list[Value]:
                 stack.append((a, False))
     return order
 
-
-def width_of(shape: Shape) -> Fraction:
-    return shape.width if shape.has_columns else Fraction(0)

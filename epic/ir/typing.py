@@ -5,8 +5,6 @@ and every pass (which must only build well-typed values).
 """
 from __future__ import annotations
 
-from fractions import Fraction
-
 from .. import dtypes
 from ..dtypes import BOOL, F32, I32, DType
 from ..shapes import COL, Kind, Shape, broadcast
@@ -112,6 +110,3 @@ def check_storable(dtype: DType, shape: Shape) -> None:
     if dtype is dtypes.I4 and shape.kind is not Kind.TILE:
         raise TypeRuleError("E205", "int4 values are stored packed two per row-adjacent pair: only tiles can be i4")
 
-
-def halves(w: Fraction) -> bool:
-    return w.denominator != 1

@@ -47,6 +47,3 @@ def rebuild(kernel, fn: Rewrite, extra_stores: list[Store] | None = None):
     stores = [Store(s.tensor, new[s.value.id], s.span) for s in kernel.stores] + list(extra_stores or [])
     return kernel.with_values(topo_order([s.value for s in stores]), stores)
 
-
-def users_of(kernel) -> dict[int, list[Value]]:
-    return kernel.users()
