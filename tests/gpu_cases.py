@@ -16,6 +16,8 @@ PROGRAMS = {
     "bench/programs/prenorm_half.epi": lambda m, n, k: dict(M=m, D=n, F=k),
     "tests/programs/pair_swap.epi": lambda m, n, k: dict(M=m, K=k, N=n),
     "tests/programs/col_stats.epi": lambda m, n, k: dict(M=m, K=k, N=n),
+    # 1-byte outputs: N must be a multiple of 16 for TMA
+    "tests/programs/out_types.epi": lambda m, n, k: dict(M=m, K=k, N=-(-n // 16) * 16),
 }
 # (M, N, K): tile multiples, then ragged (M = 1, 77, 8191; N, K not multiples of 128)
 SIZES = [(128, 256, 128), (256, 512, 256), (1, 392, 200), (77, 392, 200), (8191, 392, 200), (300, 264, 136)]

@@ -14,11 +14,11 @@ from ..diagnostics import Diagnostic, EpicError, Span
 from ..ir import ops
 from ..ir.core import GemmKernel, Program, Store, Tensor, Value, topo_order
 from ..ir.typing import TypeRuleError, check_storable, infer
+from ..plan.config import AUX_LOADS, SCHEDULES
 from ..shapes import COL, SCALAR, TILE, Dim, Kind, Shape
 from . import ast
 from .parser import parse
 
-SCHEDULES = ("cooperative", "pingpong")
 
 
 def _err(code: str, message: str, span: Span | None, hint: str | None = None, notes=None) -> EpicError:
@@ -240,11 +240,17 @@ class _KernelBuilder:
                     raise _err("E215", f"unknown schedule '{text}'", span, "schedules: " + ", ".join(SCHEDULES))
                 out["schedule"] = text
             elif key == "aux_load":
-                if text not in ("tma", "direct"):
-                    raise _err("E215", f"aux_load must be tma or direct, got '{text}'", span)
+                if text not in AUX_LOADS:
+                    raise _err("E215", f"aux_load must be one of {', '.join(AUX_LOADS)}, got '{text}'", span)
                 out["aux_load"] = text
+            elif key == "epi_tile":
+                parts = [int(p) for p in text.split("x")] if "x" in text else None
+                if not parts or len(parts) != 2:
+                    raise _err("E215", f"epi_tile must look like 128x64, got '{text}'", span)
+                out["epi_tile"] = tuple(parts)
             else:
-                raise _err("E215", f"unknown gemm option '{key}'", span, "options: tile, cluster, schedule, aux_load")
+                raise _err("E215", f"unknown gemm option '{key}'", span,
+                           "options: tile, cluster, schedule, aux_load, epi_tile")
         return out
 
     def _bind(self, name: str, span: Span) -> None:
