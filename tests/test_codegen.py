@@ -71,6 +71,15 @@ def test_residual_rmsnorm_lowering():
     assert [n.inputs for n in spec.nodes] == [[], [], [], [0, 1, 2], [3], [0, 1], [5], [0, 1]]
 
 
+def test_launch_time_options_do_not_change_the_source():
+    """Swizzle and raster order are launch arguments: the same built library serves them all."""
+    prog = pipeline.analyze(str(ROOT / "samples" / "bias_gelu.epi")).program
+    base = emit.units(prog, emit.kernel_configs(prog, 8192))
+    other = emit.units(prog, emit.kernel_configs(prog, 8192, {"up": {"swizzle": 8, "raster": "n"}}))
+    assert [u.source for _, u in base] == [u.source for _, u in other]
+    assert [u.name for _, u in base] == [u.name for _, u in other]
+
+
 def test_costly_shared_values_get_one_node():
     prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  t = tanh(acc)\n"
                    "  out a: bf16 = t * 2\n  out b: bf16 = t + 1\n}\n").program
@@ -221,7 +230,7 @@ def test_nvcc_builds_generated_kernels(tmp_path, monkeypatch):
                 if isinstance(s, evt.KernelSpec))
     if not _has_gpu():
         with pytest.raises(EpicError) as info:      # no GPU: the library says so instead of crashing
-            gemm.workspace_size([64, 256, 256])
+            gemm.workspace_size([64, 256, 256, 1, 0])
         assert info.value.codes == ["E703"]
         rc = gemm.lib.epic_launch(None, None, None, None, None, 0)
         assert rc == -1

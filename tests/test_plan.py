@@ -91,3 +91,14 @@ def test_block_wider_than_tile_widens_tile():
                    "  out q: e4m3 = acc / s\n  out qs: f32[M, N/256] = s\n}\n").program
     plan = planner.make_plan(prog, dict(M=64, K=64, N=1024))
     assert plan.configs["g"].tile_n == 256
+
+
+def test_scheduler_options_are_launch_time_only():
+    prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with swizzle=8, raster=n {\n"
+                   "  out y: bf16 = acc\n}\n").program
+    cfg = planner.make_plan(prog, dict(M=8192, K=64, N=64)).configs["g"]
+    assert (cfg.swizzle, cfg.raster, cfg.raster_code) == (8, "n", 2)
+    assert cfg.key() == config.heuristic(8192).key()       # same built kernel as the default
+    with pytest.raises(EpicError) as info:
+        planner.make_plan(prog, dict(M=8192, K=64, N=64), {"g": {"swizzle": 3}})
+    assert info.value.codes == ["E215"] and "swizzle must be 1, 2, 4 or 8" in str(info.value)

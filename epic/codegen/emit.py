@@ -25,7 +25,7 @@ def _info(spec, kind: str) -> str:
     data = {"abi": 1, "kind": kind, "kernel": spec.name,
             "ptrs": [f"{p.role}:{p.tensor}" for p in spec.pointers], "scalars": [s.name for s in spec.scalars]}
     if kind == "gemm":
-        data["config"] = str(spec.config)
+        data["config"] = spec.config.key()     # what was built (swizzle/raster are launch arguments)
     return json.dumps(data, separators=(",", ":")).replace('"', '\\"')
 
 

@@ -14,7 +14,7 @@ from ..diagnostics import Diagnostic, EpicError, Span
 from ..ir import ops
 from ..ir.core import GemmKernel, Program, Store, Tensor, Value, topo_order
 from ..ir.typing import TypeRuleError, check_storable, infer
-from ..plan.config import AUX_LOADS, SCHEDULES
+from ..plan.config import AUX_LOADS, RASTERS, SCHEDULES
 from ..shapes import COL, SCALAR, TILE, Dim, Kind, Shape
 from . import ast
 from .parser import parse
@@ -248,9 +248,17 @@ class _KernelBuilder:
                 if not parts or len(parts) != 2:
                     raise _err("E215", f"epi_tile must look like 128x64, got '{text}'", span)
                 out["epi_tile"] = tuple(parts)
+            elif key == "swizzle":
+                if text not in ("1", "2", "4", "8"):
+                    raise _err("E215", f"swizzle must be 1, 2, 4 or 8, got '{text}'", span)
+                out["swizzle"] = int(text)
+            elif key == "raster":
+                if text not in RASTERS:
+                    raise _err("E215", f"raster must be one of {', '.join(RASTERS)}, got '{text}'", span)
+                out["raster"] = text
             else:
                 raise _err("E215", f"unknown gemm option '{key}'", span,
-                           "options: tile, cluster, schedule, aux_load, epi_tile")
+                           "options: tile, cluster, schedule, aux_load, epi_tile, swizzle, raster")
         return out
 
     def _bind(self, name: str, span: Span) -> None:

@@ -5,7 +5,8 @@ Heuristic (measured on the H200 with bench/bench.py; numbers in docs/PERFORMANCE
   M <= 256     pingpong 64x64x64, cluster 1x1      decode: 64x64 tiles put 64 CTAs on N = 4096 where
                                                    64x128 puts 32 (1.25x vs 1.41x cuBLAS for
                                                    resid_norm at M = 64, 1.03x vs 1.17x plain)
-  otherwise    cooperative 128x256x64, cluster 2x1 prefill: best of the sweep for every workload
+  otherwise    cooperative 128x256x64, cluster 2x1 prefill: best of the sweep for every workload;
+               tile scheduler swizzle 8      (identity epilogue at N = 14336: 1.07x -> 0.99x cuBLAS)
 The tile width is then narrowed if a 1xB block does not divide it.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ SCHEDULES = ("cooperative", "pingpong")
 
 
 AUX_LOADS = ("tma", "direct")
+RASTERS = ("heuristic", "m", "n")     # CUTLASS RasterOrderOptions: Heuristic, AlongM, AlongN
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,14 @@ class KernelConfig:
     # shared memory to the mainloop's pipeline
     aux_load: str = "tma"
     epi_tile: tuple[int, int] | None = None   # epilogue subtile (None: CUTLASS's EpilogueTileAuto)
+    # persistent tile scheduler: swizzle of the tile order (1, 2, 4, 8) and raster direction
+    # ("heuristic", "m", "n"). Launch-time arguments: they do not change the built kernel.
+    swizzle: int = 1
+    raster: str = "heuristic"
+
+    @property
+    def raster_code(self) -> int:
+        return RASTERS.index(self.raster)
 
     @property
     def tile_m(self) -> int:
@@ -42,9 +52,12 @@ class KernelConfig:
     def __str__(self) -> str:
         return (f"{self.schedule} {'x'.join(map(str, self.tile))} cluster {self.cluster[0]}x{self.cluster[1]}"
                 + (f" aux_load={self.aux_load}" if self.aux_load != "tma" else "")
-                + (f" epilogue {self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else ""))
+                + (f" epilogue {self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else "")
+                + (f" swizzle {self.swizzle}" if self.swizzle != 1 else "")
+                + (f" raster {self.raster}" if self.raster != "heuristic" else ""))
 
     def key(self) -> str:
+        """Names the built kernel: only what changes the code (not swizzle/raster)."""
         return (f"{self.schedule[:4]}_{'x'.join(map(str, self.tile))}_c{self.cluster[0]}x{self.cluster[1]}"
                 + (f"_{self.aux_load}" if self.aux_load != "tma" else "")
                 + (f"_e{self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else ""))
@@ -67,6 +80,10 @@ def validate(cfg: KernelConfig, where: str = "") -> KernelConfig:
         problems.append("cluster must be 1x1, 2x1, 1x2 or 2x2")
     if cfg.aux_load not in AUX_LOADS:
         problems.append(f"aux_load must be one of {', '.join(AUX_LOADS)}")
+    if cfg.swizzle not in (1, 2, 4, 8):
+        problems.append("swizzle must be 1, 2, 4 or 8")
+    if cfg.raster not in RASTERS:
+        problems.append(f"raster must be one of {', '.join(RASTERS)}")
     if cfg.epi_tile is not None:
         em, en = cfg.epi_tile
         if m % em or n % en or en % 16 or em % (128 if cfg.schedule == "cooperative" else 64):
@@ -82,7 +99,7 @@ def heuristic(m: int, blocks: set[int] | None = None) -> KernelConfig:
     if m <= 256:
         cfg = KernelConfig("pingpong", (64, 64, 64), (1, 1))
     else:
-        cfg = KernelConfig("cooperative", (128, 256, 64), (2, 1))
+        cfg = KernelConfig("cooperative", (128, 256, 64), (2, 1), swizzle=8)
     for b in blocks or ():
         if cfg.tile_n % b:   # powers of two: only a block wider than the tile fails to divide it
             cfg = KernelConfig(cfg.schedule, (cfg.tile_m, b, cfg.tile[2]), cfg.cluster)
@@ -98,7 +115,8 @@ def choose(kernel, m: int, override: dict | None = None) -> KernelConfig:
             epi = source.get("epi_tile", cfg.epi_tile)
             cfg = KernelConfig(source.get("schedule", cfg.schedule), tuple(source.get("tile", cfg.tile)),
                                tuple(source.get("cluster", cfg.cluster)), source.get("aux_load", cfg.aux_load),
-                               tuple(epi) if epi else None)
+                               tuple(epi) if epi else None, int(source.get("swizzle", cfg.swizzle)),
+                               source.get("raster", cfg.raster))
     cfg = validate(cfg, f"gemm '{kernel.name}'")
     for b in block_sizes(kernel):
         if cfg.tile_n % b:

@@ -1,7 +1,8 @@
 """nvcc driver with an on-disk cache.
 
 A kernel's shared library lives at $EPIC_CACHE_DIR (default ~/.cache/epic)/<key>/<name>.so, where
-the key hashes the source, the flags, and the nvcc and CUTLASS versions. Two processes building
+the key hashes the source, the flags, and the nvcc and CUTLASS versions. EPIC_NO_BUILD=1 makes a
+missing kernel an error instead of an nvcc run (for machines that only use prebuilt kernels). Two processes building
 the same kernel do not collide: a lock file serializes them and the library appears by an atomic
 rename. Independent kernels build in parallel processes; rich shows progress while nvcc runs.
 An nvcc failure is a bug in epic: it raises E701 and keeps the .cu.
@@ -108,6 +109,9 @@ def build_one(unit: Unit) -> Path:
     target = library_path(unit)
     if target.exists():
         return target
+    if os.environ.get("EPIC_NO_BUILD"):
+        raise EpicError(Diagnostic("E701", f"kernel '{unit.name}' is not in the cache ({cache_dir()}) and "
+                                   "EPIC_NO_BUILD is set", None, "build it first with `epic build` or unset EPIC_NO_BUILD"))
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)          # a second builder waits here, then finds the library

@@ -161,7 +161,8 @@ class Program:
         for (spec, lib), k in zip(self._libraries[key], self.program.kernels):
             m, n = sizes_mod.evaluate(k.rows, sizes), sizes_mod.evaluate(k.n, sizes)
             if isinstance(spec, evt.KernelSpec):
-                dims = [m, n, sizes_mod.evaluate(k.k, sizes)]
+                cfg = plan.configs[k.name]
+                dims = [m, n, sizes_mod.evaluate(k.k, sizes), cfg.swizzle, cfg.raster_code]
             else:
                 cfg = plan.configs[k.source]
                 dims = [m, n, cfg.tile_m, cfg.tile_n]
