@@ -18,7 +18,6 @@ from ..codegen import emit, evt
 from ..diagnostics import Diagnostic, EpicError
 from ..ir.core import Tensor
 from ..plan import planner
-from ..shapes import Kind
 from . import build, loader
 
 
@@ -315,4 +314,4 @@ def _empty(shape: tuple, dtype: torch.dtype, device, poison: bool) -> torch.Tens
     return out
 
 
-__all__ = ["compile", "Program", "Kind"]
+__all__ = ["compile", "Program"]
