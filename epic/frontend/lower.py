@@ -222,43 +222,28 @@ class _KernelBuilder:
         return GemmKernel(self.g.name, self.a.name, self.b.name, self.rows, self.k, self.n, values,
                           self.stores, options, self.g.span)
 
+    # gemm options: sizes written like 128x256x64 (allowed part counts, example), or one of a set
+    _SIZE_OPTIONS = {"tile": ((2, 3), "128x128x64"), "cluster": ((2,), "2x1"), "epi_tile": ((2,), "128x64")}
+    _CHOICE_OPTIONS = {"schedule": SCHEDULES, "aux_load": AUX_LOADS, "raster": RASTERS, "swizzle": ("1", "2", "4", "8")}
+
     def _options(self) -> dict:
+        """The `with ...` options of a gemm; values are range-checked again by plan.config.validate."""
         out = {}
         for key, (text, span) in self.g.options.items():
-            if key == "tile":
-                parts = [int(p) for p in text.split("x")] if "x" in text else None
-                if not parts or len(parts) not in (2, 3):
-                    raise _err("E215", f"tile must look like 128x128 or 128x128x64, got '{text}'", span)
-                out["tile"] = tuple(parts) if len(parts) == 3 else (parts[0], parts[1], 64)
-            elif key == "cluster":
-                parts = [int(p) for p in text.split("x")] if "x" in text else None
-                if not parts or len(parts) != 2:
-                    raise _err("E215", f"cluster must look like 2x1, got '{text}'", span)
-                out["cluster"] = tuple(parts)
-            elif key == "schedule":
-                if text not in SCHEDULES:
-                    raise _err("E215", f"unknown schedule '{text}'", span, "schedules: " + ", ".join(SCHEDULES))
-                out["schedule"] = text
-            elif key == "aux_load":
-                if text not in AUX_LOADS:
-                    raise _err("E215", f"aux_load must be one of {', '.join(AUX_LOADS)}, got '{text}'", span)
-                out["aux_load"] = text
-            elif key == "epi_tile":
-                parts = [int(p) for p in text.split("x")] if "x" in text else None
-                if not parts or len(parts) != 2:
-                    raise _err("E215", f"epi_tile must look like 128x64, got '{text}'", span)
-                out["epi_tile"] = tuple(parts)
-            elif key == "swizzle":
-                if text not in ("1", "2", "4", "8"):
-                    raise _err("E215", f"swizzle must be 1, 2, 4 or 8, got '{text}'", span)
-                out["swizzle"] = int(text)
-            elif key == "raster":
-                if text not in RASTERS:
-                    raise _err("E215", f"raster must be one of {', '.join(RASTERS)}, got '{text}'", span)
-                out["raster"] = text
+            if key in self._SIZE_OPTIONS:
+                counts, example = self._SIZE_OPTIONS[key]
+                parts = [int(p) for p in text.split("x")] if "x" in text else []
+                if len(parts) not in counts:
+                    raise _err("E215", f"{key} must look like {example}, got '{text}'", span)
+                out[key] = tuple(parts) + ((64,) if key == "tile" and len(parts) == 2 else ())
+            elif key in self._CHOICE_OPTIONS:
+                choices = self._CHOICE_OPTIONS[key]
+                if text not in choices:
+                    raise _err("E215", f"{key} must be one of {', '.join(choices)}, got '{text}'", span)
+                out[key] = int(text) if key == "swizzle" else text
             else:
                 raise _err("E215", f"unknown gemm option '{key}'", span,
-                           "options: tile, cluster, schedule, aux_load, epi_tile, swizzle, raster")
+                           "options: " + ", ".join([*self._SIZE_OPTIONS, *self._CHOICE_OPTIONS]))
         return out
 
     def _bind(self, name: str, span: Span) -> None:
