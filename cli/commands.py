@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from epic import pipeline, sizes as sizes_mod
-from epic.diagnostics import EpicError
+from epic.diagnostics import EpicError, error
 from epic.ir import dump
 
 
@@ -15,11 +15,7 @@ def cmd_check(args) -> int:
             analysis = pipeline.analyze(path)
         except EpicError as e:
             print(str(e), file=sys.stderr)
-            status = 1
-            continue
-        except OSError as e:
-            print(f"{path}: cannot read: {e.strerror}", file=sys.stderr)
-            status = 1
+            status = max(status, e.exit_status)
             continue
         p = analysis.program
         gemms = sum(1 for k in p.kernels if k.kind == "gemm")
@@ -43,26 +39,30 @@ def cmd_ir(args) -> int:
             print(f"{p.name:<22} {p.summary}")
         return 0
     if args.after and args.after not in manager.pass_names():
-        raise EpicError(_unknown_pass(args.after, manager.pass_names()))
+        raise error("E801", f"unknown pass '{args.after}'", None, "passes: " + ", ".join(manager.pass_names()))
     analysis = pipeline.analyze(args.file, stop_after=args.after)
+    stages = analysis.stages
     if args.after_all:
-        print("// ---- after front end", end="\n")
+        print("// ---- after front end")
         print(_render(analysis.source_program, args), end="")
-        for name, program in analysis.stages:
-            print(f"// ---- after {name}")
-            print(_render(program, args), end="")
+        for stage in stages:
+            print(f"// ---- after {stage.name}")
+            print(_render(stage.program, args), end="")
+            _print_trace(stage, args)
         return 0
     if args.after:
-        program = dict(analysis.stages)[args.after]
+        stage = next(s for s in stages if s.name == args.after)
+        print(_render(stage.program, args), end="")
+        _print_trace(stage, args)
     else:
-        program = analysis.source_program
-    print(_render(program, args), end="")
+        print(_render(analysis.source_program, args), end="")
     return 0
 
 
-def _unknown_pass(name, names):
-    from epic.diagnostics import Diagnostic
-    return Diagnostic("E215", f"unknown pass '{name}'", None, "passes: " + ", ".join(names))
+def _print_trace(stage, args) -> None:
+    if getattr(args, "rules", False) and not (args.json or args.dot):
+        for line in stage.trace or ["(nothing fired)"]:
+            print(f"// {stage.name}: {line}")
 
 
 def _summary_line(name: str, t) -> str:
@@ -77,13 +77,18 @@ def _summary_line(name: str, t) -> str:
             + f"\n  {'':<10} first: {head}")
 
 
+def _sizes(program, text: str) -> dict[str, int]:
+    sizes = sizes_mod.parse_shape_arg(text)
+    sizes_mod.check_complete(program, sizes)
+    return sizes
+
+
 def cmd_ref(args) -> int:
     from epic import reference
     from epic.checks import layout
     analysis = pipeline.analyze(args.file)
     program = analysis.source_program
-    sizes = sizes_mod.parse_shape_arg(args.shape)
-    sizes_mod.check_complete(program, sizes)
+    sizes = _sizes(program, args.shape)
     diags = layout.check_sizes(program, sizes)
     if diags:
         raise EpicError(diags)
@@ -103,9 +108,7 @@ def cmd_ref(args) -> int:
 def cmd_plan(args) -> int:
     from epic.plan import ledger, planner
     analysis = pipeline.analyze(args.file)
-    sizes = sizes_mod.parse_shape_arg(args.shape)
-    sizes_mod.check_complete(analysis.program, sizes)
-    plan = planner.make_plan(analysis.program, sizes)
+    plan = planner.make_plan(analysis.program, _sizes(analysis.program, args.shape))
     print(ledger.render(plan, analysis.source_program))
     return 0
 
@@ -113,9 +116,8 @@ def cmd_plan(args) -> int:
 def cmd_compile(args) -> int:
     from epic.codegen import emit
     analysis = pipeline.analyze(args.file)
-    sizes = sizes_mod.parse_shape_arg(args.shape) if args.shape else None
-    paths = emit.write_sources(analysis.program, args.output, sizes)
-    for p in paths:
+    sizes = _sizes(analysis.program, args.shape) if args.shape else None
+    for p in emit.write_sources(analysis.program, args.output, sizes):
         print(p)
     if args.build:
         _build(analysis, sizes, None)
@@ -124,12 +126,17 @@ def cmd_compile(args) -> int:
 
 def cmd_build(args) -> int:
     analysis = pipeline.analyze(args.file)
-    sizes = sizes_mod.parse_shape_arg(args.shape) if args.shape else None
-    _build(analysis, sizes, args.jobs)
+    _build(analysis, _sizes(analysis.program, args.shape) if args.shape else None, args.jobs)
     return 0
 
 
 def _build(analysis, sizes, jobs) -> None:
-    from epic.runtime.program import Program
-    for lib in Program(analysis).build(sizes, jobs):
+    from epic.runtime.compiled import CompiledProgram
+    for lib in CompiledProgram(analysis).build(sizes, jobs):
         print(f"built {lib}")
+
+
+def cmd_ops(args) -> int:
+    from epic.ir import catalog
+    print(catalog.markdown() if args.markdown else catalog.text())
+    return 0

@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 
+from epic import envflags
 from epic.diagnostics import EpicError
 
 COMMANDS = {
@@ -18,6 +19,8 @@ COMMANDS = {
     "plan": "print the kernels, buffers and byte ledger of a program for given sizes",
     "compile": "write the generated CUDA (.cu) of every kernel of a program to a directory",
     "build": "compile a program's kernels with nvcc into the on-disk cache (no GPU needed)",
+    "ops": "list the language's primitives and reduction functions (what each means, its C++ cost)",
+    "cache": "show the kernel cache; --prune removes damaged entries and leftovers, --clean everything",
 }
 
 
@@ -41,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     when.add_argument("--after", metavar="PASS", help="print the IR after this pass (see --list-passes)")
     when.add_argument("--after-all", action="store_true", help="print the IR after every pass")
     when.add_argument("--list-passes", action="store_true", help="list the passes in the order they run")
+    c.add_argument("--rules", action="store_true", help="with --after/--after-all: also list what each pass did "
+                   "where (simplify: which rule fired at which value)")
 
     c = sub.add_parser("ref", help=COMMANDS["ref"], description=COMMANDS["ref"])
     c.add_argument("file", metavar="FILE")
@@ -65,6 +70,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("file", metavar="FILE")
     c.add_argument("--shape", help="sizes, to pick tile configurations (default: a large-M configuration)")
     c.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
+
+    c = sub.add_parser("ops", help=COMMANDS["ops"], description=COMMANDS["ops"])
+    c.add_argument("--markdown", action="store_true", help="print the table docs/LANGUAGE.md holds")
+
+    c = sub.add_parser("cache", help=COMMANDS["cache"], description=COMMANDS["cache"])
+    what = c.add_mutually_exclusive_group()
+    what.add_argument("--prune", action="store_true", help="remove orphaned temporaries, stale locks, bad entries")
+    what.add_argument("--clean", action="store_true", help="remove every cache entry")
     return p
 
 
@@ -74,16 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from . import commands
+    from . import cache_cmd, commands
     try:
-        return getattr(commands, f"cmd_{args.command}")(args)
+        return getattr(cache_cmd if args.command == "cache" else commands, f"cmd_{args.command}")(args)
     except EpicError as e:
         print(str(e), file=sys.stderr)
-        return 1
+        return e.exit_status
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # a bug in epic: say so plainly; the traceback only on request
-        if os.environ.get("EPIC_DEBUG"):
+        if envflags.enabled("EPIC_DEBUG"):
             raise
         print(f"epic: internal error: {type(e).__name__}: {e}\n"
               "This is a bug in epic, not in your program. Set EPIC_DEBUG=1 for the traceback.", file=sys.stderr)

@@ -14,6 +14,8 @@ CODES = {
     "E101": "unexpected character",
     "E102": "unexpected token",
     "E103": "unexpected end of file",
+    "E104": "a `use` file cannot be read (missing, not a regular UTF-8 .epi file, or too large)",
+    "E105": "the program is nested too deeply",
     "E201": "unknown name or tensor",
     "E202": "name defined twice, or a reserved name",
     "E203": "wrong number or kind of arguments",
@@ -28,7 +30,9 @@ CODES = {
     "E212": "an argument must be an integer literal",
     "E213": "nothing to do (no gemm, or a gemm that stores nothing)",
     "E214": "a vector could be a row or a column vector",
-    "E215": "bad gemm option, kernel configuration or pass name",
+    "E215": "bad gemm option (an unknown option, or a value it cannot take)",
+    "E216": "kernel configuration that CUTLASS's sm90 schedules do not accept",
+    "E217": "the epilogue's shared memory leaves the mainloop fewer than 2 pipeline stages",
     "E301": "needs a whole row inside the same epilogue (tile locality)",
     "E302": "needs a whole column inside the same epilogue (tile locality)",
     "E401": "pairwise map on an odd width",
@@ -38,7 +42,7 @@ CODES = {
     "E405": "int4 output with an odd width",
     "E501": "a row scale cannot be moved into the next gemm: it does not multiply the whole row",
     "E502": "a row scale cannot be moved: the value is also returned or read as a tile",
-    "E599": "internal: a pass built an ill-typed value (a bug in epic)",
+    "E599": "internal: the IR verifier found an ill-formed program after a pass (a bug in epic)",
     "E601": "missing tensor or scalar argument",
     "E602": "tensor of the wrong shape",
     "E603": "tensor of the wrong dtype",
@@ -49,6 +53,11 @@ CODES = {
     "E701": "the generated CUDA failed to compile (a bug in epic; the .cu is kept)",
     "E702": "not supported by code generation yet",
     "E703": "no CUDA device or the kernel launch failed",
+    "E704": "the kernel cache cannot be used (not writable, a damaged entry, or a missing kernel with EPIC_NO_BUILD)",
+    "E705": "nvcc is missing, failed to run, timed out, or reported success without a usable library",
+    "E706": "an EPIC_* environment variable has a value that is not understood",
+    "E801": "bad command-line argument (unknown pass, bad option value)",
+    "E802": "the program file cannot be read (missing, a directory, not UTF-8 text, or too large)",
 }
 
 
@@ -120,7 +129,26 @@ class EpicError(Exception):
     def codes(self) -> list[str]:
         return [d.code for d in self.diagnostics]
 
+    @property
+    def exit_status(self) -> int:
+        """What the `epic` command exits with: 1 the program is at fault, 2 the command line or the
+        environment, 3 a bug in epic. The worst of the diagnostics wins."""
+        return max(exit_status(d.code) for d in self.diagnostics)
 
-def fail(code: str, message: str, span: Span | None = None, hint: str | None = None,
-         notes: list[tuple[Span | None, str]] | None = None) -> None:
-    raise EpicError(Diagnostic(code, message, span, hint, notes or []))
+
+_ENVIRONMENT = {"E607", "E703", "E704", "E705", "E706", "E801", "E802"}
+_BUGS = {"E599", "E701"}
+
+
+def exit_status(code: str) -> int:
+    if code in _BUGS:
+        return 3
+    if code in _ENVIRONMENT:
+        return 2
+    return 1
+
+
+def error(code: str, message: str, span: Span | None = None, hint: str | None = None,
+          notes: list[tuple[Span | None, str]] | None = None) -> EpicError:
+    """The one way to report a user-facing failure: `raise error("E201", "unknown name 'x'", span, hint)`."""
+    return EpicError(Diagnostic(code, message, span, hint, notes or []))

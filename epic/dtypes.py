@@ -16,7 +16,8 @@ class DType:
     bits: int
     is_float: bool
     torch_name: str | None      # torch dtype attribute used to hold it (int4 is held as int8)
-    cutlass: str | None         # CUTLASS C++ element type
+    cutlass: str | None         # C++ element type in CUTLASS kernels
+    cuda: str | None            # C++ element type in plain CUDA kernels (combine kernels, cuda_*.h headers)
     max_finite: float | None    # saturation bound for fp8/int casts (None: IEEE overflow rules)
     min_finite: float | None = None
 
@@ -32,15 +33,16 @@ class DType:
         return self.bits / 8
 
 
-F32 = DType("f32", 32, True, "float32", "float", None)
-BF16 = DType("bf16", 16, True, "bfloat16", "cutlass::bfloat16_t", None)
-F16 = DType("f16", 16, True, "float16", "cutlass::half_t", None)
-E4M3 = DType("e4m3", 8, True, "float8_e4m3fn", "cutlass::float_e4m3_t", 448.0, -448.0)
-E5M2 = DType("e5m2", 8, True, "float8_e5m2", "cutlass::float_e5m2_t", 57344.0, -57344.0)
-I32 = DType("i32", 32, False, "int32", "int32_t", 2**31 - 1, -(2**31))
-I8 = DType("i8", 8, False, "int8", "int8_t", 127, -128)
-I4 = DType("i4", 4, False, "int8", None, 7, -8)   # stored packed two per byte, low nibble = even column
-BOOL = DType("bool", 8, False, "bool", "bool", None)
+F32 = DType("f32", 32, True, "float32", "float", "float", None)
+BF16 = DType("bf16", 16, True, "bfloat16", "cutlass::bfloat16_t", "__nv_bfloat16", None)
+F16 = DType("f16", 16, True, "float16", "cutlass::half_t", "__half", None)
+E4M3 = DType("e4m3", 8, True, "float8_e4m3fn", "cutlass::float_e4m3_t", "__nv_fp8_e4m3", 448.0, -448.0)
+E5M2 = DType("e5m2", 8, True, "float8_e5m2", "cutlass::float_e5m2_t", "__nv_fp8_e5m2", 57344.0, -57344.0)
+I32 = DType("i32", 32, False, "int32", "int32_t", "int32_t", 2**31 - 1, -(2**31))
+I8 = DType("i8", 8, False, "int8", "int8_t", "int8_t", 127, -128)
+# i4 is stored packed two per byte (low nibble = even column): callers get a uint8 tensor [M, N/2]
+I4 = DType("i4", 4, False, "uint8", None, None, 7, -8)
+BOOL = DType("bool", 8, False, "bool", "bool", "bool", None)
 
 ALL = {d.name: d for d in (F32, BF16, F16, E4M3, E5M2, I32, I8, I4, BOOL)}
 # Spellings users reach for; each maps to one canonical dtype.

@@ -1,7 +1,9 @@
 """Front half of the compiler as one call: text -> typed IR -> checks -> rewrite passes.
 
 `analyze` returns the program after every stage so that `epic ir --after PASS` can print any of
-them; it raises EpicError with every diagnostic when the program is not legal.
+them; it raises EpicError with every diagnostic when the program is not legal. Nothing here
+depends on code generation: a program that kernels cannot be generated for yet can still be
+checked, rewritten, planned and interpreted (the refusal comes when it is built).
 """
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import os
 from dataclasses import dataclass, field
 
 from .checks import layout, locality
+from .deep import run_deep
 from .diagnostics import EpicError
+from .frontend import sources
 from .frontend.lower import load_program
 from .ir.core import Program
 
@@ -17,19 +21,27 @@ from .ir.core import Program
 @dataclass
 class Analysis:
     source_program: Program                     # straight from the front end
-    stages: list[tuple[str, Program]] = field(default_factory=list)   # (pass name, program after it)
+    stages: list = field(default_factory=list)   # passes.manager.Stage per pass run
 
     @property
     def program(self) -> Program:
         """The final, legal program (after every pass)."""
-        return self.stages[-1][1] if self.stages else self.source_program
+        return self.stages[-1].program if self.stages else self.source_program
+
+    def after(self, name: str) -> Program:
+        return next(s.program for s in self.stages if s.name == name)
+
+
+def looks_like_path(path_or_text: str) -> bool:
+    return "\n" not in path_or_text and len(path_or_text) < 4096 and (
+        path_or_text.endswith(".epi") or os.path.exists(path_or_text))
 
 
 def read_source(path_or_text: str) -> tuple[str, str, str]:
     """(text, display name, base directory for `use`) for a path or an inline program."""
-    if "\n" not in path_or_text and (path_or_text.endswith(".epi") or os.path.exists(path_or_text)):
-        with open(path_or_text) as f:
-            return f.read(), path_or_text, os.path.dirname(os.path.abspath(path_or_text))
+    if looks_like_path(path_or_text):
+        text = sources.read_text(path_or_text, code="E802", what="program file")
+        return text, path_or_text, os.path.dirname(os.path.abspath(path_or_text))
     return path_or_text, "<string>", os.getcwd()
 
 
@@ -41,6 +53,10 @@ def lower(path_or_text: str, name: str | None = None) -> Program:
 def analyze(path_or_text: str, run_passes: bool = True, stop_after: str | None = None,
             name: str | None = None) -> Analysis:
     """Front end, static checks, passes, locality. `name` labels an inline program in diagnostics."""
+    return run_deep(_analyze, path_or_text, run_passes, stop_after, name)
+
+
+def _analyze(path_or_text, run_passes, stop_after, name) -> Analysis:
     program = lower(path_or_text, name)
     static = layout.check_static(program)
     if static:
@@ -49,7 +65,7 @@ def analyze(path_or_text: str, run_passes: bool = True, stop_after: str | None =
     if run_passes:
         from .passes import manager
         analysis.stages = manager.run_all(program, stop_after=stop_after)
-    if stop_after is None:
+    if stop_after is None:      # the pass manager checked locality before split-reductions
         diags = locality.check(analysis.program)
         if diags:
             raise EpicError(diags)

@@ -1,14 +1,17 @@
 """The reference interpreter: what a program means, on torch CPU tensors in float64.
 
-This is the single definition of every primitive's semantics. Passes are proven against it and
-generated kernels are tested against it. Two modes:
+Each primitive's semantics is its record's `ref` (epic/ir/primitives.py); this module evaluates a
+program's kernels in order with them. Passes are proven against it and generated kernels are
+tested against it. Two modes:
 
-  exact=True   float64 everywhere; stored floating-point values are not rounded (integer casts and
-               integer stores still round, since they cannot hold fractions)
+  exact=True   float64 everywhere; stored floating-point values are not rounded, but casts and
+               stores to fp8 and integer types still saturate to their finite range, and integer
+               ones round (an integer cannot hold a fraction)
   exact=False  every stored value and every explicit cast is rounded to its dtype, as kernels do
 
 Representation of a value of a kernel with accumulator [M, N] (W = width * N):
-  TILE [M, W], ROW [1, W], COL [M, 1], BLOCK(B) [M, ceil(W/B)], SCALAR [] (0-d).
+  TILE [M, W], ROW [1, W], COL [M, 1], BLOCK(B) [M, ceil(W/B)], SCALAR [] (0-d),
+  PARTIAL: the buffer layout of epic/layouts.py (what the kernels write).
 """
 from __future__ import annotations
 
@@ -16,32 +19,35 @@ import math
 
 import torch
 
-from . import sizes as sizes_mod
-from .diagnostics import Diagnostic, EpicError
+from . import layouts, sizes as sizes_mod
+from .diagnostics import error
 from .dtypes import DType
-from .ir.core import GemmKernel, Program, Value
+from .ir import primitives as P
+from .ir.core import Program, Value
 from .shapes import Kind
 
 F64 = torch.float64
+_ALIGNED = (P.Family.ELEMENTWISE, P.Family.COMPARE, P.Family.SELECT, P.Family.PAIR)
 
 
-# ---------------------------------------------------------------------------------------- rounding
 def round_to(x: torch.Tensor, dt: DType, exact: bool) -> torch.Tensor:
-    """x (float64) rounded to dtype dt, returned as float64 (bool tensors pass through)."""
+    """x (float64) as dtype dt would hold it, returned as float64 (bool tensors pass through).
+    Saturating types clamp in both modes; exact mode keeps the mantissa of floats."""
     if x.dtype == torch.bool:
         return x
     if dt.is_int:
-        y = torch.round(x)   # half to even
-        return torch.clamp(y, dt.min_finite, dt.max_finite)
+        return torch.clamp(torch.round(x), dt.min_finite, dt.max_finite)   # round half to even
+    if dt.max_finite is not None:   # fp8: saturate (nan stays nan)
+        x = torch.clamp(x, dt.min_finite, dt.max_finite)
     if exact:
         return x
-    if dt.max_finite is not None:   # fp8: saturate, then round to nearest even
-        x = torch.clamp(x, dt.min_finite, dt.max_finite)
     return x.to(getattr(torch, dt.torch_name)).to(F64)
 
 
-# ---------------------------------------------------------------------------------------- evaluation
 class Interpreter:
+    """Evaluates a program; also the context that primitives' `ref` functions read (sizes, the
+    accumulator, tensors, the tile of partials)."""
+
     def __init__(self, program: Program, sizes: dict[str, int], exact: bool = True,
                  tiles: dict[str, tuple[int, int]] | None = None):
         self.program = program
@@ -51,6 +57,8 @@ class Interpreter:
         self.tiles = tiles or {}
         self.store: dict[str, torch.Tensor] = {}
         self.kernel = None
+        self.seed: dict = {}
+        self.m = self.n = 0
 
     def run(self, inputs: dict[str, torch.Tensor], override: dict[str, torch.Tensor] | None = None
             ) -> dict[str, torch.Tensor]:
@@ -58,232 +66,143 @@ class Interpreter:
         results, so that each later kernel is checked on exactly the inputs it saw)."""
         for t in self.program.inputs():
             if t.is_scalar:
-                if t.name in inputs:
-                    self.store[t.name] = torch.as_tensor(inputs[t.name], dtype=F64)
-                elif t.default is not None:
-                    self.store[t.name] = torch.tensor(t.default, dtype=F64)
-                else:
-                    raise EpicError(Diagnostic("E601", f"missing scalar '{t.name}'", t.span))
+                value = inputs.get(t.name)
+                if value is None:
+                    value = t.default
+                if value is None:
+                    raise error("E601", f"missing scalar '{t.name}'", t.span)
+                self.store[t.name] = torch.as_tensor(value, dtype=F64)
             else:
                 if t.name not in inputs:
-                    raise EpicError(Diagnostic("E601", f"missing tensor '{t.name}'", t.span))
+                    raise error("E601", f"missing tensor '{t.name}'", t.span)
                 self.store[t.name] = inputs[t.name].detach().to("cpu", F64)
         for k in self.program.kernels:
-            run_kernel = getattr(self, f"_run_{k.kind}")
-            run_kernel(k)
+            self.kernel = k
+            self.m, self.n = sizes_mod.evaluate(k.rows, self.sizes), sizes_mod.evaluate(k.n, self.sizes)
+            self.seed = {"acc": self.store[k.a] @ self.store[k.b]} if k.kind == "gemm" else {}
+            self._epilogue(k)
             for s in k.stores:
                 if override and s.tensor in override:
                     self.store[s.tensor] = override[s.tensor].detach().to("cpu", F64)
         return {t.name: self.store[t.name] for t in self.program.outputs()}
 
-    def _n(self, k) -> int:
-        return sizes_mod.evaluate(k.n, self.sizes)
-
-    def _rows(self, k) -> int:
-        return sizes_mod.evaluate(k.rows, self.sizes)
-
-    def _run_gemm(self, k: GemmKernel) -> None:
-        a, b = self.store[k.a], self.store[k.b]
-        acc = a @ b
-        self._epilogue(k, {"acc": acc})
-
-    def _run_combine(self, k) -> None:
-        self._epilogue(k, {})
-
-    def _epilogue(self, k, seed: dict) -> None:
-        self.kernel = k
+    def _epilogue(self, k) -> None:
         env: dict[int, torch.Tensor] = {}
-        m, n = self._rows(k), self._n(k)
         for v in k.values:
-            env[v.id] = self.eval_value(v, [env[a.id] for a in v.args], m, n, seed)
+            env[v.id] = self.eval_value(v, [env[a.id] for a in v.args])
         for s in k.stores:
             t = self.program.tensors[s.tensor]
-            x = self._materialize(env[s.value.id], s.value, m, n)
+            x = _materialize(env[s.value.id], s.value, self.m)
             self.store[s.tensor] = round_to(x, t.dtype, self.exact)
 
-    def _materialize(self, x: torch.Tensor, v: Value, m: int, n: int) -> torch.Tensor:
-        """A stored value as its tensor: COL -> [M], ROW -> [W], TILE/BLOCK as they are."""
-        kind = v.kind
-        if kind is Kind.PARTIAL:
-            return x.clone()
-        if kind is Kind.COL:
-            return x.expand(m, 1).reshape(m).clone()
-        if kind is Kind.ROW:
-            return x.reshape(-1).clone()
-        return x.clone()
+    def eval_value(self, v: Value, args: list) -> torch.Tensor:
+        p = P.prim(v.op)
+        if p.context:
+            return p.ref(self, v, args)
+        if p.family in _ALIGNED:
+            args = _aligned(v, args)
+        return p.ref(args, v.attrs)
 
-    # ------------------------------------------------------------------------------ one value
-    def eval_value(self, v: Value, args: list, m: int, n: int, seed: dict) -> torch.Tensor:
-        op, a = v.op, v.attrs
-        if op == "acc":
-            return seed["acc"]
-        if op == "load":
-            x = self.store[a["tensor"]]
-            kind = v.kind
-            if kind is Kind.COL:
-                return x.reshape(m, 1)
-            if kind is Kind.ROW:
-                return x.reshape(1, -1)
-            return x
-        if op == "const":
-            return torch.tensor(float(a["value"]), dtype=F64)
-        if op == "dim":
-            return torch.tensor(float(sizes_mod.evaluate(a["dim"], self.sizes)), dtype=F64)
-        if op == "row_index":
-            return torch.arange(m, dtype=F64).reshape(m, 1)
-        if op == "col_index":
-            return torch.arange(n, dtype=F64).reshape(1, n)
-        if op in _UNARY:
-            return _UNARY[op](args[0], a)
-        if op in _BINARY or op in _COMPARE:
-            x, y = _align(args[0], v.args[0], args[1], v.args[1])
-            return (_BINARY.get(op) or _COMPARE[op])(x, y)
-        if op == "select":
-            c, x, y = args
-            vs = v.args
-            c, x = _align(c, vs[0], x, vs[1])
-            c, y = _align(c, vs[0], y, vs[2])
-            x, y = _align(x, vs[1], y, vs[2])
-            return torch.where(c, x, y)
-        if op == "cast":
-            return round_to(args[0], a["to"], self.exact)
-        if op in ("even", "odd"):
-            x = args[0]
-            self._check_even(x.shape[-1], v)
-            return x[..., 0::2] if op == "even" else x[..., 1::2]
-        if op == "interleave":
-            x, y = _align(args[0], v.args[0], args[1], v.args[1])
-            x, y = torch.broadcast_tensors(x, y)
-            return torch.stack((x, y), dim=-1).flatten(-2)
-        if op == "reduce":
-            return _reduce(args[0], a["axis"], a["fn"])
-        if op == "block_reduce":
-            return _block_reduce(args[0], a["fn"], a["block"])
-        extra = getattr(self, f"_op_{op}", None)
-        if extra is None:
-            raise NotImplementedError(f"reference: no semantics for op '{op}'")
-        return extra(v, args, m, n)
+    # ------------------------------------------------------------------ the context refs read
+    def accumulator(self) -> torch.Tensor:
+        return self.seed["acc"]
 
-    # ------------------------------------------------------------------ ops made by split-reductions
-    def _tile(self) -> tuple[int, int]:
+    def load(self, v: Value) -> torch.Tensor:
+        x = self.store[v.attrs["tensor"]]
+        if v.kind is Kind.COL:
+            return x.reshape(self.m, 1)
+        if v.kind is Kind.ROW:
+            return x.reshape(1, -1)
+        return x
+
+    def dim_value(self, dim) -> torch.Tensor:
+        return torch.tensor(float(sizes_mod.evaluate(dim, self.sizes)), dtype=F64)
+
+    def coordinate(self, axis: str) -> torch.Tensor:
+        if axis == "row":
+            return torch.arange(self.m, dtype=F64).reshape(self.m, 1)
+        return torch.arange(self.n, dtype=F64).reshape(1, self.n)
+
+    def round(self, x: torch.Tensor, dt: DType) -> torch.Tensor:
+        return round_to(x, dt, self.exact)
+
+    def pair_part(self, v: Value, x: torch.Tensor, part: int) -> torch.Tensor:
+        if x.shape[-1] % 2:
+            raise error("E401", f"{v.op} pairs adjacent columns, but the width here is {x.shape[-1]} (odd)",
+                        v.span, "pairwise maps need an even number of columns")
+        return x[..., part::2]
+
+    def reduce(self, v: Value, x: torch.Tensor) -> torch.Tensor:
+        r = P.reduction(v.attrs["fn"])
+        return r.ref(x, 1 if v.attrs["axis"] == "row" else 0)
+
+    def block_reduce(self, v: Value, x: torch.Tensor) -> torch.Tensor:
+        r, block = P.reduction(v.attrs["fn"]), v.attrs["block"]
+        x = self._pre(r, x)
+        m, w = x.shape
+        nb = -(-w // block)
+        if nb * block > w:
+            x = torch.cat((x, torch.full((m, nb * block - w), r.identity[0], dtype=x.dtype)), dim=1)
+        return r.ref_partial(x.reshape(m, nb, block))
+
+    def tile(self) -> tuple[int, int]:
         k = self.kernel
         if k.name in self.tiles:
             return self.tiles[k.name]
         tile = k.options.get("tile") if hasattr(k, "options") else None
         return (tile[0], tile[1]) if tile else (128, 128)
 
-    def _op_partial(self, v: Value, args: list, m: int, n: int) -> torch.Tensor:
-        """Per-tile partial results: [M, tiles along N] for a row reduction, [tiles along M, W] for a
-        column reduction; log-sum-exp partials carry a last dimension (max, sum of exp(x - max))."""
-        x = args[0].expand(m, -1) if args[0].shape[0] == 1 else args[0]
-        axis, fn = v.attrs["axis"], v.attrs["fn"]
-        tm, tn = self._tile()
-        if axis == "col":
-            x = x.t()
-        size = tn if axis == "row" else tm
+    def partial(self, v: Value, x: torch.Tensor) -> torch.Tensor:
+        """Per-tile partial states in the buffer layout of epic/layouts.py: the reduction's state over
+        each tile's valid elements; padding entries hold the identity."""
+        r, axis = P.reduction(v.attrs["fn"]), v.attrs["axis"]
+        x = self._pre(r, x.expand(self.m, -1) if x.shape[0] == 1 else x)
         rows, width = x.shape
-        tiles = -(-width // size)
-        pad = tiles * size - width
-        fill = {"sum": 0.0, "mean": 0.0, "max": -math.inf, "lse": -math.inf, "min": math.inf}[fn]
-        if pad:
-            x = torch.cat((x, torch.full((rows, pad), fill, dtype=x.dtype)), dim=1)
-        x = x.reshape(rows, tiles, size)
-        if fn in ("sum", "mean"):
-            out = x.sum(-1)
-        elif fn == "max":
-            out = x.amax(-1)
-        elif fn == "min":
-            out = x.amin(-1)
-        else:
-            mx = x.amax(-1)
-            out = torch.stack((mx, torch.exp(x - mx.unsqueeze(-1)).sum(-1)), dim=-1)
-        return out.transpose(0, 1) if axis == "col" else out
-
-    def _op_combine(self, v: Value, args: list, m: int, n: int) -> torch.Tensor:
-        """Merge the partials of every tile (in tile order, deterministically)."""
-        part = self.store[v.attrs["buffer"]]
-        axis, fn = v.attrs["axis"], v.attrs["fn"]
-        dim = 1 if axis == "row" else 0
-        if fn in ("sum", "mean"):
-            out = part.sum(dim, keepdim=True)
-            if fn == "mean":
-                out = out / float(sizes_mod.evaluate(v.attrs["width"], self.sizes))
-        elif fn == "max":
-            out = part.amax(dim, keepdim=True)
-        elif fn == "min":
-            out = part.amin(dim, keepdim=True)
-        else:
-            mx, se = part[..., 0], part[..., 1]
-            big = mx.amax(dim, keepdim=True)
-            out = big + torch.log((se * torch.exp(mx - big)).sum(dim, keepdim=True))
+        tm, tn = self.tile()
+        lanes, size = (x, tn) if axis == "row" else (x.t(), tm)   # reduce along the last dimension
+        count, length = lanes.shape
+        tiles = -(-length // size)
+        if tiles * size > length:
+            fill = torch.full((count, tiles * size - length), r.identity[0], dtype=x.dtype)
+            lanes = torch.cat((lanes, fill), dim=1)
+        state = r.ref_partial(lanes.reshape(count, tiles, size)).transpose(0, 1)     # [tiles, count (, k)]
+        shape = layouts.partial_shape(axis, rows, width, tm, tn, r.state)
+        out = torch.tensor(r.identity, dtype=F64).expand(shape).clone() if r.state > 1 else \
+            torch.full(shape, r.identity[0], dtype=F64)
+        out[:, :count] = state
         return out
 
-    def _check_even(self, width: int, v: Value) -> None:
-        if width % 2:
-            raise EpicError(Diagnostic("E401", f"{v.op} pairs adjacent columns, but the width here is {width} (odd)",
-                                       v.span, "pairwise maps need an even number of columns"))
+    def combine(self, v: Value) -> torch.Tensor:
+        """Merge the partials of every tile (in tile order, deterministically)."""
+        r = P.reduction(v.attrs["fn"])
+        count = self.m if v.attrs["axis"] == "row" else int(self.n * v.attrs["of_width"])
+        part = self.store[v.attrs["buffer"]][:, :count]
+        out = r.ref_merge(part, 0)                   # [1, count]
+        if r.by_width:
+            out = out / float(sizes_mod.evaluate(v.attrs["width"], self.sizes))
+        return out.t() if v.attrs["axis"] == "row" else out
+
+    def _pre(self, r: P.Reduction, x: torch.Tensor) -> torch.Tensor:
+        return P.prim(r.pre).ref([x], {}) if r.pre else x
 
 
-def _expand_block(x: torch.Tensor, v: Value, width: int) -> torch.Tensor:
-    return x.repeat_interleave(v.shape.block, dim=1)[:, :width]
+def _materialize(x: torch.Tensor, v: Value, m: int) -> torch.Tensor:
+    """A stored value as its tensor: COL -> [M], ROW -> [W], TILE/BLOCK/PARTIAL as they are."""
+    if v.kind is Kind.COL:
+        return x.expand(m, 1).reshape(m).clone()
+    if v.kind is Kind.ROW:
+        return x.reshape(-1).clone()
+    return x.clone()
 
 
-def _align(x, vx: Value, y, vy: Value):
-    """Broadcast a BLOCK operand to columns when the other side has per-column values."""
-    if vx.kind is Kind.BLOCK and vy.kind in (Kind.TILE, Kind.ROW):
-        x = _expand_block(x, vx, y.shape[-1])
-    elif vy.kind is Kind.BLOCK and vx.kind in (Kind.TILE, Kind.ROW):
-        y = _expand_block(y, vy, x.shape[-1])
-    return x, y
-
-
-_UNARY = {
-    "neg": lambda x, a: -x,
-    "abs": lambda x, a: x.abs(),
-    "exp": lambda x, a: x.exp(),
-    "log": lambda x, a: x.log(),
-    "sqrt": lambda x, a: x.sqrt(),
-    "rsqrt": lambda x, a: x.rsqrt(),
-    "tanh": lambda x, a: x.tanh(),
-    "erf": lambda x, a: torch.erf(x),
-    "sin": lambda x, a: x.sin(),
-    "cos": lambda x, a: x.cos(),
-    "round": lambda x, a: torch.round(x),
-    "powi": lambda x, a: x ** a["exp"] if a["exp"] >= 0 else 1.0 / x ** (-a["exp"]),
-}
-_BINARY = {
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
-    "min": torch.minimum, "max": torch.maximum,
-}
-_COMPARE = {"eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge}
-
-
-def _reduce(x: torch.Tensor, axis: str, fn: str) -> torch.Tensor:
-    dim = 1 if axis == "row" else 0
-    if fn == "sum":
-        return x.sum(dim, keepdim=True)
-    if fn == "mean":
-        return x.mean(dim, keepdim=True)
-    if fn == "max":
-        return x.amax(dim, keepdim=True)
-    if fn == "min":
-        return x.amin(dim, keepdim=True)
-    if fn == "lse":
-        return torch.logsumexp(x, dim, keepdim=True)
-    raise NotImplementedError(fn)
-
-
-_PAD = {"sum": 0.0, "max": -math.inf, "min": math.inf}
-
-
-def _block_reduce(x: torch.Tensor, fn: str, block: int) -> torch.Tensor:
-    m, w = x.shape
-    nb = -(-w // block)
-    pad = nb * block - w
-    if pad:
-        x = torch.cat((x, torch.full((m, pad), _PAD[fn], dtype=x.dtype)), dim=1)
-    x = x.reshape(m, nb, block)
-    return {"sum": lambda: x.sum(-1), "max": lambda: x.amax(-1), "min": lambda: x.amin(-1)}[fn]()
+def _aligned(v: Value, xs: list) -> list:
+    """Operands of an element-wise op as tensors that broadcast: a BLOCK operand meeting per-column
+    values is expanded to one value per column."""
+    width = next((x.shape[-1] for x, a in zip(xs, v.args) if a.kind in (Kind.TILE, Kind.ROW)), None)
+    if width is None:
+        return xs
+    return [x.repeat_interleave(a.shape.block, dim=1)[:, :width] if a.kind is Kind.BLOCK else x
+            for x, a in zip(xs, v.args)]
 
 
 # ---------------------------------------------------------------------------------------- entry points
@@ -320,3 +239,11 @@ def random_inputs(program: Program, sizes: dict[str, int], seed: int = 0) -> dic
                 x = x.clamp(t.dtype.min_finite, t.dtype.max_finite)
         out[t.name] = x.to(getattr(torch, t.dtype.torch_name))
     return out
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """A packed i4 output (uint8 [M, N/2], low nibble = even column) as its values [M, N] (int8)."""
+    p = packed.to(torch.int16)
+    lo, hi = p & 0xF, (p >> 4) & 0xF
+    vals = torch.stack((lo, hi), dim=-1).flatten(-2)
+    return torch.where(vals >= 8, vals - 16, vals).to(torch.int8)

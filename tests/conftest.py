@@ -1,6 +1,11 @@
+import os
 import pathlib
 
 import pytest
+
+# Every program the suite compiles is verified after every pass (epic/ir/verify.py and each pass's
+# `ensures`): a pass that breaks an invariant fails the test that compiled the program.
+os.environ.setdefault("EPIC_VERIFY", "1")
 
 from epic import pipeline
 from epic.diagnostics import EpicError

@@ -45,7 +45,7 @@ def test_check_reports_diagnostics_with_exit_1(tmp_path, capsys):
 
 def test_missing_file(capsys):
     code, out, err = run(capsys, "check", "/nonexistent/x.epi")
-    assert code == 1 and "cannot read" in err
+    assert code == 2 and "cannot read" in err and "E802" in err
 
 
 def test_ir_text_json_dot(capsys):
@@ -70,15 +70,15 @@ def test_ir_after_all_shows_scale_moving(capsys):
     after = stages[names.index("defer-row-scale") + 1]
     gemm1_before = before.split("kernel o_proj")[1].split("kernel gate_up")[0]
     gemm2_after = after.split("kernel gate_up")[1].split("kernel down")[0]
-    assert "reduce row mean" in gemm1_before and "n_rowscale" not in before
-    assert "load n_rowscale" in gemm2_after and "mul %0, %1" in gemm2_after
+    assert "reduce row mean" in gemm1_before and "n__rowscale" not in before
+    assert "load n__rowscale" in gemm2_after and "mul %0, %1" in gemm2_after
 
 
 def test_ir_after_one_pass_and_bad_pass(capsys):
     code, out, _ = run(capsys, "ir", PRENORM, "--after", "split-reductions")
-    assert code == 0 and "kernel o_proj_row_combine = combine" in out
+    assert code == 0 and "kernel o_proj__row_combine = combine" in out
     code, _, err = run(capsys, "ir", PRENORM, "--after", "nope")
-    assert code == 1 and "E215" in err and "defer-row-scale" in err
+    assert code == 2 and "E801" in err and "defer-row-scale" in err
     code, out, _ = run(capsys, "ir", PRENORM, "--list-passes")
     assert code == 0 and out.splitlines()[0].startswith("simplify")
 
@@ -99,7 +99,7 @@ def test_ref_compare_rewrite(capsys):
 
 def test_ref_bad_shapes(capsys):
     code, _, err = run(capsys, "ref", PRENORM, "--shape", "M=16,D=64")
-    assert code == 1 and "E607" in err and "F" in err
+    assert code == 2 and "E607" in err and "F" in err
     code, _, err = run(capsys, "ref", PRENORM, "--shape", "M=16,D=60,F=32")
     assert code == 1 and "E403" in err
 
@@ -107,8 +107,8 @@ def test_ref_bad_shapes(capsys):
 def test_plan_prints_kernels_and_ledger(capsys):
     code, out, _ = run(capsys, "plan", PRENORM, "--shape", "M=8192,D=4096,F=14336")
     assert code == 0
-    for needle in ("1. o_proj: gemm attn @ wo", "2. o_proj_row_combine: combine", "3. gate_up: gemm n @ wgu",
-                   "epilogue multiplies acc by n_rowscale[row]", "4. down: gemm a @ wd", "fused / op by op"):
+    for needle in ("1. o_proj: gemm attn @ wo", "2. o_proj__row_combine: combine", "3. gate_up: gemm n @ wgu",
+                   "epilogue multiplies acc by n__rowscale[row]", "4. down: gemm a @ wd", "fused / op by op"):
         assert needle in out, needle
 
 

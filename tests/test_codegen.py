@@ -1,7 +1,9 @@
 """Code generation without a GPU: what each program lowers to, what is refused (E702), exact
 literals, the build cache, and (marker `nvcc`) a real nvcc compile of generated kernels."""
+import math
 import os
 import stat
+import struct
 import subprocess
 import sys
 import textwrap
@@ -10,20 +12,21 @@ import pytest
 
 import epic
 from epic import dtypes, pipeline
-from epic.codegen import emit, evt, functor
+from epic.codegen import cxx, emit, evt, functor
 from epic.diagnostics import EpicError
-from epic.runtime import build, loader
+from epic.runtime import build, cache, loader
 
 from .conftest import ROOT, analyze
+from .test_cache import tiny_elf
 
 SUPPORTED = ["bias_gelu", "residual_rmsnorm", "rope", "fp8_gemm_scaled"]
-REFUSED = {   # sample -> words the E702 message must contain
-    "swiglu": "width-changing store",
-    "prenorm_mlp": "width-changing store",
-    "swiglu_bwd": "2 times as wide",
-    "cross_entropy": "online log-sum-exp",
-    "fp8_block_quant": "block reductions",
-    "int4_pack": "block reductions",
+REFUSED = {   # sample -> (words the E702 message must contain, text of the source line it must point at)
+    "swiglu": ("half as wide as the accumulator", "out y: bf16 = swiglu(acc)"),
+    "prenorm_mlp": ("half as wide as the accumulator", "tmp a: bf16 = swiglu(acc)"),
+    "swiglu_bwd": ("2 times as wide", "out dh: bf16[M, 2*F] = swiglu_bwd(acc, h)"),
+    "cross_entropy": ("row_lse", "lse = row_lse(acc)"),
+    "fp8_block_quant": ("block value", "out q_scale: f32[M, N/128] = s"),
+    "int4_pack": ("i4", "out q: i4 = acc / s"),
 }
 
 
@@ -48,12 +51,17 @@ def test_supported_samples_generate(name, m):
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_unsupported_features_are_refused_clearly(name):
+    """Compiling checks, rewrites and plans (the reference runs); building refuses, at the line."""
+    path = ROOT / "samples" / f"{name}.epi"
+    prog = epic.compile(str(path))
     with pytest.raises(EpicError) as info:
-        epic.compile(str(ROOT / "samples" / f"{name}.epi"))
+        prog.units()
     assert info.value.codes == ["E702"]
-    msg = str(info.value)
-    assert REFUSED[name] in msg and "not supported by code generation yet" in msg
-    assert f"{name}.epi:" in msg     # it points at the source line
+    d = info.value.diagnostics[0]
+    words, line_text = REFUSED[name]
+    assert words in d.message and "not supported by code generation yet" in d.message, d.message
+    lines = path.read_text().splitlines()
+    assert d.span is not None and line_text in lines[d.span.line - 1], (d.span, line_text)
 
 
 def test_residual_rmsnorm_lowering():
@@ -61,7 +69,7 @@ def test_residual_rmsnorm_lowering():
     spec = evt.lower_gemm(prog, prog.kernels[0], configs(prog)["o_proj"])
     assert [(p.role, p.tensor) for p in spec.pointers] == [
         ("A", "x"), ("B", "wo"), ("D", "resid"), ("aux_load", "z"), ("row", "gamma"), ("aux_store", "hg"),
-        ("row_partial", "o_proj_row_mean_part0")]
+        ("row_partial", "o_proj__row_mean_part0")]
     types = [n.type.split("<")[0] for n in spec.nodes]
     assert types == ["Sm90AccFetch", "Sm90AuxLoad", "Sm90RowBroadcast", "Sm90Compute", "Sm90AuxStore",
                      "Sm90Compute", "Sm90ColReduction", "Sm90Compute"]
@@ -95,21 +103,50 @@ def test_d_is_void_when_only_partials_are_stored():
     prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out s: f32[M] = row_sum(acc)\n}\n").program
     spec = evt.lower_gemm(prog, prog.kernels[0], configs(prog)["g"])
     assert spec.element_d == "void"
-    source = emit.render_gemm(prog, spec)
+    source = emit.render_gemm(spec)
     assert "struct DAG : DAGBase" in source and "using ElementAux = cutlass::bfloat16_t" in source
 
 
-@pytest.mark.parametrize("x", [0.1, 1e-6, 448.0, -3.5, 0.7978845608028654, 2.0**30, 1 / 3])
+def _f32(x: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def _parse_literal(text: str) -> float:
+    """The value a C++ float literal as epic prints it denotes (hex or decimal, f suffix, optional sign
+    in parentheses, INFINITY/NAN): written from the C grammar, not from epic's printer."""
+    t = text.strip()
+    if t.startswith("(") and t.endswith(")"):
+        t = t[1:-1]
+    sign = -1.0 if t.startswith("-") else 1.0
+    t = t.lstrip("-")
+    if t in ("INFINITY", "NAN"):
+        return sign * float(t.lower().replace("infinity", "inf"))
+    assert t.endswith("f"), text
+    return sign * (float.fromhex(t[:-1]) if t.startswith("0x") else float(t[:-1]))
+
+
+@pytest.mark.parametrize("x", [0.1, 1e-6, 448.0, -3.5, 0.7978845608028654, 2.0**30, 1 / 3, 0.0, -0.0,
+                               math.inf, -math.inf, 1e300, -1e300, 1e-40, -1e-50, 2.0**-149, 3.0e38, 16777217.0])
 def test_literals_are_exact(x):
-    text = functor.literal(x)
-    assert text.endswith("f")
-    value = float.fromhex(text[:-1]) if "0x" in text else float(text[:-1])
-    assert value == x
+    """A literal denotes exactly the float32 the kernel computes with: sign of zero kept, values beyond
+    float32 are infinities, subnormals survive."""
+    value = _parse_literal(cxx.literal(x))
+    want = math.copysign(math.inf, x) if abs(x) > 3.4028235e38 else _f32(x)
+    assert value == want and math.copysign(1, value) == math.copysign(1, want), (x, cxx.literal(x))
+
+
+def test_nan_literal():
+    assert math.isnan(_parse_literal(cxx.literal(math.nan)))
+
+
+def test_literals_compose_with_operators():
+    """`-` applied to a negative literal must not form `--` (a decrement)."""
+    assert "--" not in "(-{0})".format(cxx.literal(-3.5)) and "--" not in "(-{0})".format(cxx.literal(-0.0))
 
 
 def test_store_and_cast_semantics_in_cpp():
-    assert functor.store_expr("v", dtypes.E4M3) == "fminf(fmaxf(v, -448.0f), 448.0f)"
-    assert functor.store_expr("v", dtypes.I8) == "fminf(fmaxf(rintf(v), -128.0f), 127.0f)"
+    assert functor.store_expr("v", dtypes.E4M3) == "fminf(fmaxf(v, (-448.0f)), 448.0f)"
+    assert functor.store_expr("v", dtypes.I8) == "fminf(fmaxf(rintf(v), (-128.0f)), 127.0f)"
     assert functor.store_expr("v", dtypes.BF16) == "v"
     assert functor.cast_expr("v", dtypes.BF16, "cuda") == "float(__nv_bfloat16(v))"
 
@@ -118,17 +155,17 @@ def test_combine_kernel_lowering():
     prog = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi")).program
     (spec, unit), = [(s, u) for s, u in emit.units(prog, configs(prog)) if u.name.endswith("combine")]
     assert not unit.uses_cutlass
-    assert [(p.role, p.tensor) for p in spec.pointers] == [("row_partial", "o_proj_row_mean_part0"), ("out", "r")]
+    assert [(p.role, p.tensor) for p in spec.pointers] == [("row_partial", "o_proj__row_mean_part0"), ("out", "r")]
     assert [s.name for s in spec.scalars] == ["D", "eps"]
     body = "\n".join(spec.body)
-    assert "t * rows_padded + m" in body and "acc_0 /= s[0]" in body and "rsqrtf" in body
+    assert "t * rows_padded + m" in body and "/ s[0]" in body and "rsqrtf" in body
 
 
 def test_compile_command_writes_sources(tmp_path, capsys):
     from epic_cli.main import main
     assert main(["compile", str(ROOT / "samples" / "residual_rmsnorm.epi"), "-o", str(tmp_path)]) == 0
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == ["residual_rmsnorm.o_proj.coop_128x256x64_c2x1.cu", "residual_rmsnorm.o_proj_row_combine.cu"]
+    assert files == ["residual_rmsnorm.o_proj.coop_128x256x64_c2x1.cu", "residual_rmsnorm.o_proj__row_combine.cu"]
 
 
 # ---------------------------------------------------------------- the build cache, with a fake nvcc
@@ -144,7 +181,7 @@ FAKE_NVCC = textwrap.dedent("""\
         print(src + "(3): error: this is a planted failure", file=sys.stderr); sys.exit(1)
     time.sleep(float(os.environ.get("FAKE_NVCC_SLEEP", "0")))
     out = sys.argv[sys.argv.index("-o") + 1]
-    open(out, "w").write("built")
+    open(out, "wb").write(open(os.environ["FAKE_NVCC_SO"], "rb").read())   # a minimal valid ELF
 """)
 
 
@@ -155,6 +192,9 @@ def fake_nvcc(tmp_path, monkeypatch):
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     log = tmp_path / "calls.log"
     log.write_text("")
+    so = tmp_path / "fake.so"
+    so.write_bytes(tiny_elf())
+    monkeypatch.setenv("FAKE_NVCC_SO", str(so))
     monkeypatch.setenv("EPIC_NVCC", str(exe))
     monkeypatch.setenv("FAKE_NVCC_LOG", str(log))
     monkeypatch.setenv("EPIC_CACHE_DIR", str(tmp_path / "cache"))
@@ -166,7 +206,7 @@ def test_cache_hit_does_not_call_nvcc(fake_nvcc):
     unit = build.Unit("k", "// kernel A\n")
     first = build.build_all([unit], quiet=True)[0]
     again = build.build_all([unit], quiet=True)[0]
-    assert first == again and first.read_text() == "built"
+    assert first == again and cache.problem(first) is None
     assert fake_nvcc.read_text().count("called") == 1
     other = build.build_all([build.Unit("k", "// kernel B\n")], quiet=True)[0]
     assert other != first and fake_nvcc.read_text().count("called") == 2
@@ -189,7 +229,7 @@ def test_build_and_compile_commands(fake_nvcc, tmp_path, capsys):
     sample = str(ROOT / "samples" / "residual_rmsnorm.epi")
     assert main(["build", sample, "--shape", "M=64,D=256"]) == 0
     out = capsys.readouterr().out
-    assert out.count("built ") == 2 and "ping_64x64x64_c1x1.so" in out and "o_proj_row_combine.so" in out
+    assert out.count("built ") == 2 and "ping_64x64x64_c1x1.so" in out and "o_proj__row_combine.so" in out
     assert fake_nvcc.read_text().count("called") == 2
     assert main(["compile", sample, "-o", str(tmp_path / "out"), "--build"]) == 0
     out = capsys.readouterr().out

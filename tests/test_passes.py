@@ -74,15 +74,15 @@ def test_row_scale_deferral_fires_for_any_form(form):
             f"  out resid: bf16 = h\n  tmp n: bf16 = {form}\n}}\n"
             "gemm b(n @ w2: bf16[D, E]) {\n  out y: bf16 = acc\n}\n")
     a = analyze(text)
-    after = dict(a.stages)["defer-row-scale"]
+    after = a.after("defer-row-scale")
     first = after.kernel("a")
     n_value = next(s.value for s in first.stores if s.tensor == "n")
     from epic.checks.locality import reductions_feeding
     assert n_value.id not in reductions_feeding(first)            # n is tile-local now
-    assert "n_rowscale" in [s.tensor for s in first.stores]       # the scale became a [M] buffer
+    assert "n__rowscale" in [s.tensor for s in first.stores]       # the scale became a [M] buffer
     second = after.kernel("b")
     acc_users = [v for v in second.values if v.op == "mul" and v.args[0].op == "acc"]
-    assert acc_users and acc_users[0].args[1].attrs["tensor"] == "n_rowscale"
+    assert acc_users and acc_users[0].args[1].attrs["tensor"] == "n__rowscale"
     final = a.program
     assert [k.kind for k in final.kernels] == ["gemm", "combine", "gemm"]
     sizes = dict(M=11, D=72, E=40)
@@ -128,16 +128,16 @@ def test_pass_order_is_documented_and_dumpable():
     for name in names:
         assert name in manager.__doc__
     a = pipeline.analyze(str(ROOT / "samples" / "prenorm_mlp.epi"))
-    assert [n for n, _ in a.stages] == names
-    for _, p in a.stages:
-        dump.to_text(p)
+    assert [s.name for s in a.stages] == names
+    for s in a.stages:
+        dump.to_text(s.program)
 
 
 def test_prenorm_scale_leaves_gemm1_and_enters_gemm2():
     a = pipeline.analyze(str(ROOT / "samples" / "prenorm_mlp.epi"))
-    before = dict(a.stages)["dce"]
-    after = dict(a.stages)["defer-row-scale"]
+    before = a.after("dce")
+    after = a.after("defer-row-scale")
     assert "reduce row mean" in kernel_text(before, 0)
-    assert "n_rowscale" not in dump.to_text(before)
-    assert "load n_rowscale" in kernel_text(after, 1)
-    assert "store n_rowscale" in kernel_text(after, 0)
+    assert "n__rowscale" not in dump.to_text(before)
+    assert "load n__rowscale" in kernel_text(after, 1)
+    assert "store n__rowscale" in kernel_text(after, 0)

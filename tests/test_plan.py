@@ -18,12 +18,12 @@ def prenorm_plan():
 
 def test_prenorm_kernels_and_buffers():
     a, plan = prenorm_plan()
-    assert [s.kernel.name for s in plan.steps] == ["o_proj", "o_proj_row_combine", "gate_up", "down"]
+    assert [s.kernel.name for s in plan.steps] == ["o_proj", "o_proj__row_combine", "gate_up", "down"]
     tile_n = plan.configs["o_proj"].tile_n
-    part = plan.buffers["o_proj_row_mean_part0"]
-    assert part.shape == (M, D // tile_n) and part.nbytes == M * (D // tile_n) * F32
-    assert part.writer == "o_proj" and part.readers == ["o_proj_row_combine"]
-    r = plan.buffers["n_rowscale"]
+    part = plan.buffers["o_proj__row_mean_part0"]
+    assert part.shape == (D // tile_n, M) and part.nbytes == M * (D // tile_n) * F32   # tile-major, as allocated
+    assert part.writer == "o_proj" and part.readers == ["o_proj__row_combine"]
+    r = plan.buffers["n__rowscale"]
     assert r.shape == (M,) and r.readers == ["gate_up"]
 
 
@@ -33,8 +33,8 @@ def test_prenorm_fused_ledger_by_hand():
     tile_n = plan.configs["o_proj"].tile_n
     assert rows["o_proj"].read_bytes == M * D * BF + D * D * BF + M * D * BF + D * BF
     assert rows["o_proj"].write_bytes == 2 * M * D * BF + M * (D // tile_n) * F32
-    assert rows["o_proj_row_combine"].read_bytes == M * (D // tile_n) * F32
-    assert rows["o_proj_row_combine"].write_bytes == M * F32
+    assert rows["o_proj__row_combine"].read_bytes == M * (D // tile_n) * F32
+    assert rows["o_proj__row_combine"].write_bytes == M * F32
     assert rows["gate_up"].read_bytes == M * D * BF + D * 2 * F * BF + M * F32
     assert rows["gate_up"].write_bytes == M * F * BF
     assert rows["down"].read_bytes == M * F * BF + F * D * BF + M * D * BF
@@ -64,7 +64,7 @@ def test_ledger_render_has_totals():
     a, plan = prenorm_plan()
     text = ledger.render(plan, a.source_program)
     assert "total fused" in text and "total op by op" in text
-    assert "o_proj_row_mean_part0" in text
+    assert "o_proj__row_mean_part0" in text
 
 
 def test_heuristic_and_overrides():
@@ -79,11 +79,15 @@ def test_heuristic_and_overrides():
 
 
 def test_bad_configuration_is_a_diagnostic():
-    prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile=64x128x64, schedule=cooperative {\n"
-                   "  out y: bf16 = acc\n}\n").program
-    with pytest.raises(EpicError) as info:
-        planner.make_plan(prog, dict(M=64, K=64, N=64))
-    assert info.value.codes == ["E215"] and "cooperative schedule needs tile M = 128" in str(info.value)
+    text = "gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile=64x128x64, schedule=cooperative {\n  out y: bf16 = acc\n}\n"
+    with pytest.raises(EpicError) as info:      # at check time, where the file says it
+        analyze(text)
+    assert info.value.codes == ["E216"] and "cooperative schedule needs tile M = 128" in str(info.value)
+    assert info.value.diagnostics[0].span.line == 1
+    prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile=256x128x64 {\n  out y: bf16 = acc\n}\n").program
+    with pytest.raises(EpicError) as info:      # the call's override makes a bad combination with the file
+        planner.make_plan(prog, dict(M=64, K=64, N=64), {"g": {"schedule": "pingpong"}})
+    assert info.value.codes == ["E216"] and "pingpong schedule needs tile M = 64 or 128" in str(info.value)
 
 
 def test_block_wider_than_tile_widens_tile():
@@ -101,4 +105,4 @@ def test_scheduler_options_are_launch_time_only():
     assert cfg.key() == config.heuristic(8192).key()       # same built kernel as the default
     with pytest.raises(EpicError) as info:
         planner.make_plan(prog, dict(M=8192, K=64, N=64), {"g": {"swizzle": 3}})
-    assert info.value.codes == ["E215"] and "swizzle must be 1, 2, 4 or 8" in str(info.value)
+    assert info.value.codes == ["E216"] and "swizzle must be 1, 2, 4 or 8" in str(info.value)

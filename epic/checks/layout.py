@@ -13,6 +13,7 @@ from fractions import Fraction
 
 from .. import dtypes
 from ..diagnostics import Diagnostic, Span
+from ..ir import primitives as P
 from ..ir.core import GemmKernel, Program
 from ..shapes import Dim, Kind
 
@@ -69,7 +70,7 @@ def requirements(program: Program) -> list[Requirement]:
         if k.kind != "gemm":
             continue
         for v in k.values:
-            if v.op in ("even", "odd"):
+            if P.prim(v.op).pair_part is not None:
                 w = v.args[0].shape.width
                 reqs.append(Requirement(k.n * w, 2, "E401", v.span, f"the width of {v.op}'s operand",
                                         "columns are paired (2k, 2k+1)"))
@@ -90,7 +91,7 @@ def check_static(program: Program) -> list[Diagnostic]:
         if k.kind == "gemm":
             out.extend(_width_changes(k))
             out.extend(_block_sizes(k))
-    return out
+    return _distinct(out)
 
 
 def check_sizes(program: Program, sizes: dict[str, int]) -> list[Diagnostic]:
@@ -98,6 +99,18 @@ def check_sizes(program: Program, sizes: dict[str, int]) -> list[Diagnostic]:
     for r in requirements(program):
         if not r.holds(sizes):
             out.append(r.diagnostic(r.dim.evaluate(sizes)))
+    return _distinct(out)
+
+
+def _distinct(diags: list[Diagnostic]) -> list[Diagnostic]:
+    """One diagnostic per code, location and message: the pairwise maps a definition like rope
+    expands into all point at the call, and saying the same thing eight times helps nobody."""
+    seen, out = set(), []
+    for d in diags:
+        key = (d.code, str(d.span) if d.span else None, d.message)
+        if key not in seen:
+            seen.add(key)
+            out.append(d)
     return out
 
 
@@ -106,7 +119,7 @@ def _width_changes(k: GemmKernel) -> list[Diagnostic]:
     of a reduction are laid out on the accumulator's columns."""
     out = []
     for v in k.values:
-        if v.op in ("reduce", "block_reduce"):
+        if P.family(v.op) in (P.Family.REDUCE, P.Family.BLOCK):
             x = v.args[0]
             if x.shape.width != 1:
                 what = f"{v.attrs.get('axis', 'block')}_{v.attrs['fn']}"
@@ -121,7 +134,7 @@ def _width_changes(k: GemmKernel) -> list[Diagnostic]:
 def _block_sizes(k: GemmKernel) -> list[Diagnostic]:
     out = []
     for v in k.values:
-        if v.op == "block_reduce":
+        if P.family(v.op) is P.Family.BLOCK:
             b = v.attrs["block"]
             if b & (b - 1) or not 8 <= b <= MAX_TILE_N:
                 out.append(Diagnostic("E404", f"block size {b} must be a power of two between 8 and {MAX_TILE_N}",
@@ -130,6 +143,4 @@ def _block_sizes(k: GemmKernel) -> list[Diagnostic]:
     return out
 
 
-def block_sizes(k: GemmKernel) -> set[int]:
-    return {v.attrs["block"] for v in k.values if v.op == "block_reduce"} | \
-           {v.shape.block for v in k.values if v.kind is Kind.BLOCK and v.shape.block}
+

@@ -9,17 +9,20 @@ cases (a row scale in front of a later GEMM) out of the way; what remains is an 
 from __future__ import annotations
 
 from ..diagnostics import Diagnostic
+from ..ir import primitives as P
 from ..ir.core import GemmKernel, Program, Value
 from ..shapes import Kind
 
-_FN_WORDS = {"sum": "sum", "mean": "mean", "max": "max", "min": "min", "lse": "log-sum-exp"}
+
+def _is_reduce(v: Value) -> bool:
+    return P.family(v.op) is P.Family.REDUCE
 
 
 def reductions_feeding(k: GemmKernel) -> dict[int, Value]:
     """For each value of kernel k, the first whole-row/column reduction it depends on (if any)."""
     dep: dict[int, Value] = {}
     for v in k.values:
-        if v.op == "reduce":
+        if _is_reduce(v):
             dep[v.id] = v
             continue
         for a in v.args:
@@ -33,7 +36,7 @@ def describe_reduction(r: Value, k: GemmKernel) -> str:
     a = r.attrs
     axis_dim = k.n * r.args[0].shape.width if a["axis"] == "row" else k.rows
     what = f"{a['axis']}_{a['fn']}"
-    return (f"{what} ({_FN_WORDS[a['fn']]} over all {axis_dim} "
+    return (f"{what} ({P.reduction(a['fn']).doc} over all {axis_dim} "
             f"{'columns of each row' if a['axis'] == 'row' else 'rows of each column'})")
 
 
@@ -45,7 +48,7 @@ def check(program: Program) -> list[Diagnostic]:
         dep = reductions_feeding(k)
         users = k.users()
         for v in k.values:
-            if v.id not in dep or v.op == "reduce" or v.kind not in (Kind.TILE, Kind.BLOCK):
+            if v.id not in dep or _is_reduce(v) or v.kind not in (Kind.TILE, Kind.BLOCK):
                 continue
             r = dep[v.id]
             code = "E301" if r.attrs["axis"] == "row" else "E302"

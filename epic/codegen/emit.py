@@ -1,24 +1,38 @@
-"""Render kernel descriptions through the Jinja templates into CUDA sources (one per kernel)."""
+"""Render kernel descriptions through the Jinja templates into CUDA sources (one per kernel).
+
+A generated source depends only on what the kernel computes: not on the program's file name, so
+the same program in two files builds once. Every piece of user text printed into it (names in
+comments, the self-description string) goes through codegen/cxx.py."""
 from __future__ import annotations
 
 import functools
 import json
 import os
+from importlib import resources
 from pathlib import Path
 
 import jinja2
 
-from .. import __version__
+from ..version import __version__
+from ..deep import run_deep
 from ..ir.core import Program
 from ..plan import config as config_mod
-from ..runtime.build import Unit
-from . import combine, evt, functor
+from . import combine, cxx, evt, functor
+from .unit import Unit
 
 
 @functools.lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.PackageLoader("epic", "templates"), undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True, trim_blocks=False, lstrip_blocks=False)
+    env = jinja2.Environment(loader=jinja2.PackageLoader("epic", "templates"), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=False, lstrip_blocks=False)
+    env.filters["comment"] = cxx.comment
+    return env
+
+
+@functools.lru_cache(maxsize=None)
+def node_header(name: str) -> str:
+    """The text of a custom node's header (templates/nodes/NAME), printed into the kernel."""
+    return resources.files("epic.templates").joinpath("nodes", name).read_text()
 
 
 def _info(spec, kind: str) -> str:
@@ -26,21 +40,20 @@ def _info(spec, kind: str) -> str:
             "ptrs": [f"{p.role}:{p.tensor}" for p in spec.pointers], "scalars": [s.name for s in spec.scalars]}
     if kind == "gemm":
         data["config"] = spec.config.key()     # what was built (swizzle/raster are launch arguments)
-    return json.dumps(data, separators=(",", ":")).replace('"', '\\"')
+    return cxx.string(json.dumps(data, separators=(",", ":")))
 
 
-def render_gemm(program: Program, spec: evt.KernelSpec) -> str:
+def render_gemm(spec: evt.KernelSpec) -> str:
     return _env().get_template("gemm.cu.j2").render(
-        k=spec, program=os.path.basename(program.name), version=__version__,
-        prelude=functor.helpers_for("\n".join(spec.functors)), info=_info(spec, "gemm"),
+        k=spec, version=__version__, prelude=functor.helpers_for("\n".join(spec.functors)),
+        info=_info(spec, "gemm"), headers=[node_header(h) for h in spec.headers],
         epilogue_tile=(f"Shape<_{spec.config.epi_tile[0]}, _{spec.config.epi_tile[1]}>" if spec.config.epi_tile
                        else "cutlass::epilogue::collective::EpilogueTileAuto"))
 
 
-def render_combine(program: Program, spec: combine.CombineSpec) -> str:
+def render_combine(spec: combine.CombineSpec) -> str:
     return _env().get_template("combine.cu.j2").render(
-        c=spec, program=os.path.basename(program.name), version=__version__,
-        prelude=functor.helpers_for("\n".join(spec.body)), info=_info(spec, "combine"))
+        c=spec, version=__version__, prelude=functor.helpers_for("\n".join(spec.body)), info=_info(spec, "combine"))
 
 
 def kernel_configs(program: Program, m: int, overrides: dict | None = None) -> dict[str, config_mod.KernelConfig]:
@@ -49,24 +62,22 @@ def kernel_configs(program: Program, m: int, overrides: dict | None = None) -> d
 
 
 def specs(program: Program, configs: dict[str, config_mod.KernelConfig]) -> list:
-    out = []
-    for k in program.kernels:
-        if k.kind == "gemm":
-            out.append(evt.lower_gemm(program, k, configs[k.name]))
-        else:
-            out.append(combine.lower_combine(program, k))
-    return out
+    return run_deep(_specs, program, configs)
+
+
+def _specs(program: Program, configs) -> list:
+    return [evt.lower_gemm(program, k, configs[k.name]) if k.kind == "gemm" else combine.lower_combine(program, k)
+            for k in program.kernels]
 
 
 def units(program: Program, configs: dict[str, config_mod.KernelConfig]) -> list[tuple[object, Unit]]:
     """(spec, translation unit) for every kernel of a rewritten program."""
-    stem = Path(program.name).stem if program.name != "<string>" else "program"
     out = []
     for spec in specs(program, configs):
         if isinstance(spec, evt.KernelSpec):
-            out.append((spec, Unit(f"{stem}.{spec.symbol}.{spec.config.key()}", render_gemm(program, spec))))
+            out.append((spec, Unit(f"{spec.symbol}.{spec.config.key()}", render_gemm(spec))))
         else:
-            out.append((spec, Unit(f"{stem}.{spec.symbol}", render_combine(program, spec), uses_cutlass=False)))
+            out.append((spec, Unit(spec.symbol, render_combine(spec), uses_cutlass=False)))
     return out
 
 
@@ -74,18 +85,20 @@ DEFAULT_M = 8192   # `epic compile/build` without --shape: the large-M (prefill)
 
 
 def write_sources(program: Program, out_dir: str, sizes: dict | None = None) -> list[str]:
-    m = _rows(program, sizes)
+    """Write each kernel's .cu into out_dir, named PROGRAM.KERNEL[.CONFIG].cu."""
+    m = rows(program, sizes)
+    stem = cxx.identifier(Path(program.name).stem) if program.name != "<string>" else "program"
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-    for spec, unit in units(program, kernel_configs(program, m)):
-        path = os.path.join(out_dir, unit.name + ".cu")
+    for _, unit in units(program, kernel_configs(program, m)):
+        path = os.path.join(out_dir, f"{stem}.{unit.name}.cu")
         with open(path, "w") as f:
             f.write(unit.source)
         paths.append(path)
     return paths
 
 
-def _rows(program: Program, sizes: dict | None) -> int:
+def rows(program: Program, sizes: dict | None) -> int:
     if not sizes:
         return DEFAULT_M
     from .. import sizes as sizes_mod

@@ -1,94 +1,53 @@
 """Element-wise IR expressions -> C++ bodies of Sm90Compute functors and combine kernels.
 
-A functor receives each input as cutlass::Array<float, FragmentSize> and walks the fragment in
-column pairs (2k, 2k+1) -- adjacent output columns of one row on Hopper (pinned by a GPU test) --
-so pairwise maps (even/odd/interleave) stay in registers. A full-width value is two C variables
-per pair (`_0` even column, `_1` odd column); a half-width value (after even/odd) is one.
+The C++ of each primitive comes from its record (epic/ir/primitives.py); this module only walks the
+expression DAG. A functor receives each input as cutlass::Array<float, FragmentSize> and walks the
+fragment in column pairs (2k, 2k+1) -- adjacent output columns of one row on Hopper (pinned by a GPU
+test) -- so pairwise maps (even/odd/interleave) stay in registers. A full-width value is two C
+variables per pair (`_0` even column, `_1` odd column); a half-width value (after even/odd) is one.
 """
 from __future__ import annotations
 
-import math
-
 from .. import dtypes
-from ..diagnostics import Diagnostic, EpicError
+from ..diagnostics import error
+from ..ir import primitives as P
 from ..ir.core import Value
 from ..shapes import Kind
+from .cxx import literal
 
-_BINARY = {"add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "div": "({a} / {b})",
-           "min": "fminf({a}, {b})", "max": "fmaxf({a}, {b})",
-           "eq": "({a} == {b})", "ne": "({a} != {b})", "lt": "({a} < {b})", "le": "({a} <= {b})",
-           "gt": "({a} > {b})", "ge": "({a} >= {b})"}
-_UNARY = {"neg": "(-{x})", "abs": "fabsf({x})", "exp": "__expf({x})", "log": "logf({x})", "sqrt": "sqrtf({x})",
-          "rsqrt": "rsqrtf({x})", "tanh": "epic_tanh({x})", "erf": "erff({x})", "round": "rintf({x})",
-          "sin": "epic_sin({x})", "cos": "epic_cos({x})"}
-
-# Device helpers, each printed into a generated file only when its code calls it (so that
-# adding one does not change, and rebuild, every cached kernel).
-HELPERS = {
-    "epic_reduce_2pi": r"""
-// sin/cos of large angles (RoPE: position * frequency): Cody-Waite reduction by 2*pi, then the fast
-// intrinsic; absolute error ~1e-7 for |x| < 1e5, far below bf16 output precision.
-__device__ __forceinline__ float epic_reduce_2pi(float x) {
-  float k = rintf(x * 0.15915494309189535f);
-  x = fmaf(-k, 6.28318548202514648f, x);
-  return fmaf(-k, -1.7484556e-07f, x);
-}""",
-    "epic_sin": r"""
-__device__ __forceinline__ float epic_sin(float x) { return __sinf(epic_reduce_2pi(x)); }""",
-    "epic_cos": r"""
-__device__ __forceinline__ float epic_cos(float x) { return __cosf(epic_reduce_2pi(x)); }""",
-    "epic_tanh": r"""
-// tanh from one fast exponential: 1 - 2 / (exp(2|x|) + 1) keeps ~1e-7 absolute error near +-1 (so
-// 1 + tanh(x) stays accurate in GELU's tail, unlike tanh.approx), and a short series near 0.
-__device__ __forceinline__ float epic_tanh(float x) {
-  float a = fabsf(x);
-  float t = a < 0.004f ? a * (1.f - a * a * (1.f / 3.f)) : 1.f - 2.f / (__expf(2.f * a) + 1.f);
-  return copysignf(t, x);
-}""",
-}
-_NEEDS = {"epic_sin": ["epic_reduce_2pi"], "epic_cos": ["epic_reduce_2pi"]}
-
+# Families whose values a functor computes (everything else is a node of its own: a leaf or a sink).
+FUNCTOR_FAMILIES = (P.Family.ELEMENTWISE, P.Family.COMPARE, P.Family.SELECT, P.Family.CAST, P.Family.PAIR)
 
 def helpers_for(code: str) -> str:
-    """The helper definitions `code` calls, in dependency order."""
-    used = [name for name in HELPERS if name + "(" in code]
-    for name in list(used):
-        used = _NEEDS.get(name, []) + used
-    return "".join(HELPERS[name] for name in dict.fromkeys(n for n in HELPERS if n in used))
+    """The device helper definitions (records' cxx_helpers, epic/ir/primitives.py) that `code` calls,
+    each after the helpers it needs."""
+    order: list[str] = []
+
+    def need(name: str) -> None:
+        if name not in order:
+            for dep in P.HELPERS[name][1]:
+                need(dep)
+            order.append(name)
+
+    for name in P.HELPERS:
+        if name + "(" in code:
+            need(name)
+    return "".join(P.HELPERS[name][0] for name in order)
 
 
-def unsupported(message: str, span=None, hint: str | None = None) -> EpicError:
-    return EpicError(Diagnostic("E702", message, span, hint))
-
-
-def literal(x: float) -> str:
-    """An exact C++ float literal (hex float, so no digits are lost)."""
-    x = float(x)
-    if math.isinf(x):
-        return "INFINITY" if x > 0 else "(-INFINITY)"
-    if math.isnan(x):
-        return "NAN"
-    return f"{float.hex(x)}f" if x != int(x) or abs(x) >= 2**24 else f"{int(x)}.0f"
-
-
-# the 16/8-bit float types as CUTLASS (in gemm kernels) and as CUDA's headers (in combine kernels) name them
-_FLOAT_TYPES = {"cutlass": {"bf16": "cutlass::bfloat16_t", "f16": "cutlass::half_t", "e4m3": "cutlass::float_e4m3_t",
-                            "e5m2": "cutlass::float_e5m2_t"},
-                "cuda": {"bf16": "__nv_bfloat16", "f16": "__half", "e4m3": "__nv_fp8_e4m3", "e5m2": "__nv_fp8_e5m2"}}
+def _type(dt: dtypes.DType, flavor: str) -> str:
+    return dt.cutlass if flavor == "cutlass" else dt.cuda
 
 
 def cast_expr(x: str, dt: dtypes.DType, flavor: str = "cutlass") -> str:
     """Round a float to dtype dt and back, with the language's semantics (saturating fp8/int)."""
     if dt is dtypes.F32:
         return x
-    if dt.name in ("bf16", "f16"):
-        return f"float({_FLOAT_TYPES[flavor][dt.name]}({x}))"
-    if dt in (dtypes.E4M3, dtypes.E5M2):
-        t = _FLOAT_TYPES[flavor][dt.name]
-        return f"float({t}(fminf(fmaxf({x}, {literal(dt.min_finite)}), {literal(dt.max_finite)})))"
     if dt.is_int:
         return f"fminf(fmaxf(rintf({x}), {literal(dt.min_finite)}), {literal(dt.max_finite)})"
-    raise unsupported(f"cast to {dt}")
+    if dt.max_finite is not None:
+        return f"float({_type(dt, flavor)}(fminf(fmaxf({x}, {literal(dt.min_finite)}), {literal(dt.max_finite)})))"
+    return f"float({_type(dt, flavor)}({x}))"
 
 
 def store_expr(x: str, dt: dtypes.DType) -> str:
@@ -101,17 +60,22 @@ def store_expr(x: str, dt: dtypes.DType) -> str:
     return x
 
 
+# Stores whose precision (at most 8 mantissa bits) is far coarser than fast division's 2 ulp error.
+FAST_STORES = (dtypes.BF16, dtypes.E4M3, dtypes.E5M2, dtypes.I8, dtypes.I4)
+
+
 class ExprWriter:
     """Writes straight-line C++ for the values of one expression DAG.
 
-    `inputs` maps IR values to C expressions giving their element(s): for a pairwise functor a
-    callable (value, half) -> expression of column 2k+half; for combine kernels a plain string.
+    Leaves are bound to C expressions first (`bind`); `emit` then writes every other value from
+    its primitive's C++. In a pairwise functor a value is a tuple of variables, one per column of
+    the pair it has; in combine kernels a single variable.
     """
 
     def __init__(self, pairwise: bool, flavor: str = "cutlass", fast: bool = False):
         self.pairwise = pairwise
         self.flavor = flavor
-        self.fast = fast      # results only feed a store of <= 8 mantissa bits: fast division is exact enough
+        self.fast = fast
         self.lines: list[str] = []
         self.names: dict[int, tuple[str, ...]] = {}
         self.count = 0
@@ -125,51 +89,56 @@ class ExprWriter:
         self.lines.append(f"{'bool' if boolean else 'float'} {name} = {expr};")
         return name
 
-    def _parts(self, v: Value) -> tuple[str, ...]:
-        return self.names[v.id]
-
     def _width(self, v: Value) -> int:
         """How many C variables carry v per column pair: 2 if it has a value per column, else 1."""
         if not self.pairwise:
             return 1
         return 1 if v.shape.has_columns and v.shape.width.denominator == 2 else 2
 
-    def emit(self, v: Value) -> tuple[str, ...]:
-        if v.id in self.names:
-            return self.names[v.id]
-        for a in v.args:
-            self.emit(a)
-        op = v.op
-        if op == "const":
-            out = (literal(v.attrs["value"]),) * self._width(v)
-        elif op in _UNARY or op == "powi":
-            out = tuple(self._new(self._unary(v, x)) for x in self._spread(v.args[0], v))
-        elif op in _BINARY:
-            a, b = (self._spread(x, v) for x in v.args)
-            form = "__fdividef({a}, {b})" if op == "div" and self.fast else _BINARY[op]
-            out = tuple(self._new(form.format(a=x, b=y), op in ("eq", "ne", "lt", "le", "gt", "ge"))
-                        for x, y in zip(a, b))
-        elif op == "select":
-            c, a, b = (self._spread(x, v) for x in v.args)
-            out = tuple(self._new(f"({x} ? {y} : {z})") for x, y, z in zip(c, a, b))
-        elif op == "cast":
-            out = tuple(self._new(cast_expr(x, v.attrs["to"], self.flavor)) for x in self._spread(v.args[0], v))
-        elif op in ("even", "odd"):
-            parts = self._parts(v.args[0])
-            out = (parts[0 if op == "even" else 1],) if len(parts) == 2 else parts
-        elif op == "interleave":
-            a, b = (self._parts(x) for x in v.args)
-            if len(a) != 1 or len(b) != 1:
-                raise unsupported("interleave of full-width values", v.span)
-            out = (a[0], b[0])
-        else:
-            raise unsupported(f"'{op}' inside an element-wise expression", v.span)
-        self.names[v.id] = out
-        return out
+    def emit(self, root: Value) -> tuple[str, ...]:
+        """Write root and every operand not yet written (operands first, without recursion)."""
+        stack = [(root, False)]
+        while stack:
+            v, ready = stack.pop()
+            if v.id in self.names:
+                continue
+            if not ready:
+                stack.append((v, True))
+                stack.extend((a, False) for a in v.args if a.id not in self.names)
+                continue
+            self.names[v.id] = self._one(v)
+        return self.names[root.id]
+
+    def _one(self, v: Value) -> tuple[str, ...]:
+        p = P.prim(v.op)
+        if P.is_literal(v):
+            return (literal(v.attrs["value"]),) * self._width(v)
+        if p.family is P.Family.CAST:
+            return tuple(self._new(cast_expr(x, v.attrs["to"], self.flavor)) for x in self._spread(v.args[0], v))
+        if p.family is P.Family.PAIR:
+            return self._pair(v, p)
+        if p.family not in FUNCTOR_FAMILIES or p.cxx is None:
+            raise error("E702", f"'{v.op}' cannot be computed inside an element-wise expression", v.span)
+        form = p.cxx_fast if self.fast and p.cxx_fast else p.cxx
+        operands = list(zip(*(self._spread(a, v) for a in v.args)))
+        boolean = p.family is P.Family.COMPARE
+        if callable(form):
+            return tuple(self._new(form(list(xs), v.attrs), boolean) for xs in operands)
+        return tuple(self._new(form.format(*xs), boolean) for xs in operands)
+
+    def _pair(self, v: Value, p: P.Primitive) -> tuple[str, ...]:
+        if p.pair_part is not None:
+            parts = self.names[v.args[0].id]
+            return (parts[p.pair_part],) if len(parts) == 2 else parts
+        a, b = (self.names[x.id] for x in v.args)
+        if len(a) != 1 or len(b) != 1:
+            raise error("E702", "interleave of full-width values (a tile twice as wide as the accumulator) is "
+                        "not supported by code generation yet", v.span)
+        return (a[0], b[0])
 
     def _spread(self, x: Value, like: Value) -> tuple[str, ...]:
         """x's variables repeated to the width of `like` (constants and row-constant values repeat)."""
-        parts = self._parts(x)
+        parts = self.names[x.id]
         n = self._width(like)
         if len(parts) == n:
             return parts
@@ -177,23 +146,9 @@ class ExprWriter:
             return parts * n
         if x.kind in (Kind.COL, Kind.SCALAR):   # same value at both columns of a pair
             return parts[:1] * n
-        raise unsupported("mixing values of different widths", like.span)
-
-    def _unary(self, v: Value, x: str) -> str:
-        if v.op == "powi":
-            p = v.attrs["exp"]
-            if p == 0:
-                return "1.0f"
-            prod = " * ".join([x] * abs(p))
-            return f"({prod})" if p > 0 else f"(1.0f / ({prod}))"
-        return _UNARY[v.op].format(x=x)
-
-
-# Stores whose precision (at most 8 mantissa bits) is far coarser than fast division's 2 ulp error.
-FAST_STORES = ("bf16", "e4m3", "e5m2", "i8", "i4")
+        raise error("E702", "mixing values of different widths in one expression", like.span)
 
 
 def is_costly(v: Value) -> bool:
-    """Ops worth computing once and sharing between outputs rather than recomputing."""
-    return v.op in ("exp", "log", "tanh", "erf", "sin", "cos", "div", "sqrt", "rsqrt")
-
+    """Worth computing once and sharing between outputs rather than recomputing."""
+    return P.prim(v.op).costly

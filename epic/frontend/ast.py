@@ -38,9 +38,16 @@ class Call:
 
 @dataclass
 class BinOp:
-    op: str          # add sub mul div pow eq ne lt le gt ge
+    op: str          # the primitive: add sub mul div eq ne lt le gt ge
     lhs: object
     rhs: object
+    span: Span
+
+
+@dataclass
+class Pow:
+    base: object
+    exponent: object  # an integer literal (checked when lowered)
     span: Span
 
 
@@ -50,7 +57,7 @@ class Neg:
     span: Span
 
 
-Expr = Num | Name | Call | BinOp | Neg
+Expr = Num | Name | Call | BinOp | Pow | Neg
 
 
 # ---- types and dimensions

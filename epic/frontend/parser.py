@@ -64,7 +64,34 @@ def parse(text: str, name: str = "<string>") -> ast.Module:
         span = Span(source, len(lines), len(lines[-1]) + 1)
         raise EpicError(Diagnostic("E103", "unexpected end of file", span,
                                    f"expected {_expected(e.expected)}")) from None
-    return ast.Module(source, _ToAst(source).transform(tree).children)
+    depth, deepest = _depth(tree)
+    if depth > MAX_DEPTH:
+        meta = deepest.meta
+        span = Span(source, meta.line, meta.column) if not meta.empty else Span(source, 1, 1)
+        raise EpicError(Diagnostic("E105", f"the program nests more than {MAX_DEPTH} levels deep", span,
+                                   "split the expression into named values (h = ...)"))
+    try:
+        return ast.Module(source, _ToAst(source).transform(tree).children)
+    except lark.exceptions.VisitError as e:   # a diagnostic raised inside a transformer callback
+        if isinstance(e.orig_exc, EpicError):
+            raise e.orig_exc from None
+        raise
+
+
+# Deeper syntax trees than this are refused: a real program (a sum of thousands of terms, hundreds
+# of nested calls) stays far below it, and everything after parsing walks at most this deep.
+MAX_DEPTH = 4000
+
+
+def _depth(tree) -> tuple[int, "lark.Tree"]:
+    """The depth of a lark tree and its deepest node, without recursion."""
+    best, deepest, stack = 0, tree, [(tree, 1)]
+    while stack:
+        node, d = stack.pop()
+        if d > best:
+            best, deepest = d, node
+        stack.extend((c, d + 1) for c in node.children if isinstance(c, lark.Tree))
+    return best, deepest
 
 
 class _ToAst(Transformer):
@@ -113,7 +140,11 @@ class _ToAst(Transformer):
             return ast.BinOp(op, children[0], children[1], self._span(meta))
         return build
 
-    add, sub, mul, div, pow = _binop("add"), _binop("sub"), _binop("mul"), _binop("div"), _binop("pow")
+    add, sub, mul, div = _binop("add"), _binop("sub"), _binop("mul"), _binop("div")
+
+    @v_args(meta=True)
+    def pow(self, meta, children):
+        return ast.Pow(children[0], children[1], self._span(meta))
     eq, ne, lt, le, gt, ge = _binop("eq"), _binop("ne"), _binop("lt"), _binop("le"), _binop("gt"), _binop("ge")
 
     @v_args(meta=True)

@@ -10,8 +10,9 @@ import itertools
 from dataclasses import dataclass, field, replace
 
 from ..diagnostics import Span
-from ..dtypes import DType
+from ..dtypes import F32, DType
 from ..shapes import Dim, Kind, Shape
+from .typing import infer
 
 _ids = itertools.count()
 
@@ -45,6 +46,20 @@ class Value:
 
 def _freeze(attrs: dict) -> tuple:
     return tuple(sorted((k, str(v)) for k, v in attrs.items()))
+
+
+def make(op: str, args: tuple = (), attrs: dict | None = None, span: Span | None = None, name: str | None = None,
+         origin: int | None = None) -> Value:
+    """The typed constructor every stage builds values with: the primitive's type rule decides the
+    dtype and shape (raises primitives.TypeRuleError when the operands do not fit)."""
+    attrs = dict(attrs or {})
+    dtype, shape = infer(op, tuple(args), attrs)
+    return Value(op, tuple(args), attrs, dtype, shape, span, name, origin)
+
+
+def const(value: float | int, dtype: DType = F32, span: Span | None = None, name: str | None = None,
+          origin: int | None = None) -> Value:
+    return make("const", (), {"value": value, "dtype": dtype}, span, name, origin)
 
 
 @dataclass

@@ -7,31 +7,12 @@ from __future__ import annotations
 
 import json
 
+from . import primitives as P
 from .core import Program, Value
 
 
 def _attr_text(v: Value) -> str:
-    a = v.attrs
-    if v.op == "load":
-        return a["tensor"]
-    if v.op == "const":
-        x = a["value"]
-        return repr(int(x)) if v.dtype.is_int else repr(float(x))
-    if v.op == "dim":
-        return str(a["dim"])
-    if v.op == "reduce":
-        return f"{a['axis']} {a['fn']}"
-    if v.op == "block_reduce":
-        return f"{a['fn']} 1x{a['block']}"
-    if v.op == "cast":
-        return str(a["to"])
-    if v.op == "powi":
-        return ""
-    if v.op == "partial":
-        return f"{a['axis']} {a['fn']} -> {a['buffer']}"
-    if v.op == "combine":
-        return f"{a['axis']} {a['fn']} <- {a['buffer']}"
-    return ""
+    return P.prim(v.op).show(v.attrs)
 
 
 def _type_text(v: Value) -> str:
@@ -60,8 +41,6 @@ def kernel_lines(k, program: Program) -> list[str]:
         rhs = v.op + (" " + _attr_text(v) if _attr_text(v) else "")
         if args:
             rhs += (" " if not _attr_text(v) else ", ") + ", ".join(f"%{num[a.id]}" for a in args)
-        if v.op == "powi":
-            rhs += f", {v.attrs['exp']}"
         note = "  # " + " ".join(x for x in (v.name or "", _loc(v)) if x) if (v.name or v.span) else ""
         lines.append(f"  %{num[v.id]:<3} = {rhs:<40} : {_type_text(v):<18}{note}")
     for s in k.stores:
@@ -152,11 +131,12 @@ def to_dot(program: Program) -> str:
         for v in k.values:
             for a in v.args:
                 out.append(f"  k{ki}_{num[a.id]} -> k{ki}_{num[v.id]};")
-            if v.op in ("load", "combine") and v.attrs.get("tensor", v.attrs.get("buffer")) in tensor_node:
-                out.append(f'  {tensor_node[v.attrs.get("tensor", v.attrs.get("buffer"))]} -> k{ki}_{num[v.id]} [style=dashed];')
+            reads = P.prim(v.op).reads
+            if reads and v.attrs[reads] in tensor_node:
+                out.append(f'  {tensor_node[v.attrs[reads]]} -> k{ki}_{num[v.id]} [style=dashed];')
         for s in k.stores:
             out.append(f"  k{ki}_{num[s.value.id]} -> {tensor_node[s.tensor]} [style=bold];")
-        acc = next((v for v in k.values if v.op == "acc"), None)
+        acc = next((v for v in k.values if P.is_accumulator(v.op)), None)
         if k.kind == "gemm" and acc is not None:
             out.append(f'  {tensor_node[k.a]} -> k{ki}_{num[acc.id]} [style=dashed, label="A"];')
             out.append(f'  {tensor_node[k.b]} -> k{ki}_{num[acc.id]} [style=dashed, label="B"];')

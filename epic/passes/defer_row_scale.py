@@ -13,11 +13,13 @@ from __future__ import annotations
 from ..checks.locality import describe_reduction, reductions_feeding
 from ..diagnostics import Diagnostic, EpicError
 from ..dtypes import F32
-from ..ir.core import Store, Tensor, Value, topo_order
-from ..shapes import COL, SCALAR, Kind
+from ..ir import core
+from ..ir import primitives as P
+from ..ir.core import Store, Tensor, Value, const, topo_order
+from ..shapes import COL, Kind
 from .rewrite import make, rebuild
 
-SUFFIX = "_rowscale"
+SUFFIX = "__rowscale"    # internal names contain "__", which user names cannot
 
 
 class _NotLinear(Exception):
@@ -30,19 +32,20 @@ def _flatten(v: Value, dep: dict, exp: int, out: list, sign: list) -> None:
     if v.id not in dep:        # tile-local factor: keep it whole
         out.append((v, exp))
         return
-    if v.op == "mul":
+    algebra = P.prim(v.op).algebra
+    if algebra == "product":
         for a in v.args:
             _flatten(a, dep, exp, out, sign)
         return
-    if v.op == "div":
+    if algebra == "quotient":
         _flatten(v.args[0], dep, exp, out, sign)
         _flatten(v.args[1], dep, -exp, out, sign)
         return
-    if v.op == "neg":
+    if algebra == "negation":
         sign[0] = -sign[0]
         _flatten(v.args[0], dep, exp, out, sign)
         return
-    if v.op == "powi" and v.kind is not Kind.COL:      # (r * x) ** p = r ** p * x ** p
+    if algebra == "power" and v.kind is not Kind.COL:      # (r * x) ** p = r ** p * x ** p
         _flatten(v.args[0], dep, exp * v.attrs["exp"], out, sign)
         return
     if v.kind is Kind.COL or v.kind is Kind.SCALAR:
@@ -65,12 +68,12 @@ def _product(factors: list[tuple[Value, int]], like: Value) -> Value | None:
         d = den[0]
         for f in den[1:]:
             d = make("mul", (d, f), like=like)
-        one = Value("const", (), {"value": 1.0}, F32, SCALAR, like.span)
+        one = const(1.0, F32, like.span)
         acc = make("div", (acc if acc is not None else one, d), like=like)
     return acc
 
 
-def run(program):
+def run(program, trace=None):
     kernels = list(program.kernels)
     tensors = dict(program.tensors)
     for i, k in enumerate(kernels):
@@ -111,7 +114,8 @@ def run(program):
 
 
 def _check_consumers(program, later, s: Store, t: Tensor, consumers, reduction: Value, k) -> None:
-    readers = [c.name for c in later if any(v.op == "load" and v.attrs["tensor"] == s.tensor for v in c.values)]
+    readers = [c.name for c in later if any(P.prim(v.op).reads == "tensor" and v.attrs["tensor"] == s.tensor
+                                            for v in c.values)]
     why = None
     if t.role == "out":
         why = (f"'{s.tensor}' is also returned to the caller, who expects the scaled value; "
@@ -128,7 +132,7 @@ def _check_consumers(program, later, s: Store, t: Tensor, consumers, reduction: 
 def _split(v: Value, dep: dict) -> tuple[Value, Value]:
     """v = scale * rest with scale row-constant and non-local; returns (rest, scale)."""
     inner, cast = v, None
-    if v.op == "cast" and v.dtype.is_float:
+    if P.family(v.op) is P.Family.CAST and v.dtype.is_float:
         inner, cast = v.args[0], v
     factors: list[tuple[Value, int]] = []
     sign = [1]
@@ -148,10 +152,10 @@ def _split(v: Value, dep: dict) -> tuple[Value, Value]:
 
 
 def _scale_accumulator(kernel, buffer: str):
-    load = Value("load", (), {"tensor": buffer}, F32, COL, kernel.span, buffer)
+    load = core.make("load", (), {"tensor": buffer, "dtype": F32, "shape": COL}, kernel.span, buffer)
 
     def scale(v, args):
-        if v.op == "acc":
+        if P.is_accumulator(v.op):
             return make("mul", (v, load), like=v, name="acc")
         return None
     return rebuild(kernel, scale)

@@ -2,34 +2,35 @@
 
 Passes never mutate values: `rebuild` walks a kernel in topological order, gives each value its
 already-rewritten operands, and lets the pass return a replacement. Dead values disappear because
-the new kernel is re-collected from its stores.
+the new kernel is re-collected from its stores. Every value is built by the typed constructor
+(ir.core.make), so its dtype and shape come from its primitive's rule.
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from ..diagnostics import EpicError, Diagnostic
+from ..diagnostics import error
+from ..ir import core
 from ..ir.core import Store, Value, topo_order
-from ..ir.typing import TypeRuleError, infer
+from ..ir.typing import TypeRuleError
 
 
 def make(op: str, args: tuple, attrs: dict | None = None, like: Value | None = None, name: str | None = None) -> Value:
     """A new value with its type inferred; span/origin are inherited from `like` (the value it replaces)."""
-    attrs = dict(attrs or {})
     try:
-        dtype, shape = infer(op, tuple(args), attrs)
+        return core.make(op, tuple(args), attrs, like.span if like else None, name,
+                         like.origin if like else None)
     except TypeRuleError as e:   # a pass built an ill-typed value: a bug in the pass
-        raise EpicError(Diagnostic("E599", f"internal: pass built an ill-typed {op}: {e.message}",
-                                   like.span if like else None)) from None
-    return Value(op, tuple(args), attrs, dtype, shape, like.span if like else None,
-                 name if name is not None else None, like.origin if like else None)
+        raise error("E599", f"internal: a pass built an ill-typed {op}: {e.message} (a bug in epic)",
+                    like.span if like else None) from None
 
 
 def copy_with(v: Value, args: tuple) -> Value:
-    """v with new operands (same op/attrs/type); returns v itself when nothing changed."""
+    """v with new operands (same op and attributes, type re-derived); v itself when nothing changed."""
     if all(a is b for a, b in zip(args, v.args)):
         return v
-    return Value(v.op, args, v.attrs, v.dtype, v.shape, v.span, v.name, v.origin)
+    out = make(v.op, args, v.attrs, like=v, name=v.name)
+    return out
 
 
 Rewrite = Callable[[Value, tuple], Value | None]
@@ -46,4 +47,3 @@ def rebuild(kernel, fn: Rewrite, extra_stores: list[Store] | None = None):
         new[v.id] = out
     stores = [Store(s.tensor, new[s.value.id], s.span) for s in kernel.stores] + list(extra_stores or [])
     return kernel.with_values(topo_order([s.value for s in stores]), stores)
-

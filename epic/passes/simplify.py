@@ -1,23 +1,22 @@
-"""Canonicalization: constant folding, algebraic identities and redundant casts, as a list of rules.
+"""Canonicalization: constant folding, algebraic identities and redundant casts, as rules (data).
 
-Each rule is (name, function(value, operands) -> replacement or None). The driver applies the
-rules to every value, operands first, until nothing changes. Constant folding evaluates with the
-reference interpreter's own op table, so folding cannot disagree with the semantics.
+The driver applies the first matching rule to every value, operands first, and repeats until
+nothing changes. Constant folding evaluates with the primitives' own float64 semantics (their
+records' `ref`), so folding cannot disagree with the reference interpreter; a result that is not
+representable in its type (an integer overflow) is left unfolded rather than raising.
+`epic ir --after simplify --rules` lists which rule fired where.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .. import reference
-from ..dtypes import F32, I32
-from ..ir import ops
-from ..ir.core import Value
-from ..shapes import SCALAR
-from .rewrite import make, rebuild
-
-
-def _const(x: Value, value: float | None = None) -> bool:
-    return x.op == "const" and (value is None or float(x.attrs["value"]) == value)
+from ..dtypes import F32
+from ..ir import primitives as P
+from ..ir.core import Value, const
+from .patterns import C, Op, Pat, Rule, V
+from .rewrite import copy_with, make, rebuild
 
 
 def _same_type(x: Value, v: Value) -> bool:
@@ -26,78 +25,88 @@ def _same_type(x: Value, v: Value) -> bool:
     return x.shape == v.shape and x.dtype.is_float == v.dtype.is_float and x.dtype.is_int == v.dtype.is_int
 
 
-def _fold(v: Value, args: tuple) -> Value | None:
-    cat = ops.category(v.op) if v.op in ops._TABLE else None
-    if cat not in ("unary", "binary") or not args or not all(_const(a) for a in args):
-        return None
-    xs = [torch.tensor(float(a.attrs["value"]), dtype=torch.float64) for a in args]
-    if cat == "unary":
-        r = reference._UNARY[v.op](xs[0], v.attrs)
-    else:
-        r = reference._BINARY[v.op](xs[0], xs[1])
-    value = float(r)
-    if v.dtype is I32:
+def _keeps(name: str):
+    return lambda b, v: _same_type(b[name], v)
+
+
+def _foldable(v: Value) -> bool:
+    return P.prim(v.op).fold and bool(v.args) and all(P.is_literal(a) for a in v.args)
+
+
+def _fold(b, v: Value) -> Value | None:
+    xs = [torch.tensor(float(a.attrs["value"]), dtype=torch.float64) for a in v.args]
+    value = float(P.prim(v.op).ref(xs, v.attrs))
+    if v.dtype.is_int:
+        if not math.isfinite(value) or abs(value) >= 2**31:
+            return None          # overflows i32: leave it to the kernel/interpreter
         value = int(value)
-    return Value("const", (), {"value": value}, v.dtype, SCALAR, v.span, v.name, v.origin)
+    return const(value, v.dtype, v.span, v.name, v.origin)
 
 
-def _identity(v: Value, args: tuple) -> Value | None:
-    op = v.op
-    if op in ("add", "sub") and _const(args[1], 0.0) and _same_type(args[0], v):
-        return args[0]
-    if op == "add" and _const(args[0], 0.0) and _same_type(args[1], v):
-        return args[1]
-    if op in ("mul", "div") and _const(args[1], 1.0) and _same_type(args[0], v):
-        return args[0]
-    if op == "mul" and _const(args[0], 1.0) and _same_type(args[1], v):
-        return args[1]
-    if op == "neg" and args[0].op == "neg":
-        return args[0].args[0]
-    if op == "add" and args[1].op == "neg":
-        return make("sub", (args[0], args[1].args[0]), like=v, name=v.name)
-    if op == "sub" and args[1].op == "neg":
-        return make("add", (args[0], args[1].args[0]), like=v, name=v.name)
-    if op == "powi" and v.attrs["exp"] == 1 and _same_type(args[0], v):
-        return args[0]
-    if op == "select" and args[1] is args[2] and _same_type(args[1], v):
-        return args[1]
-    return None
+def _exact_in(x: Value, v: Value) -> bool:
+    """A cast of x to v's dtype changes nothing: x already holds a value of that dtype (a load of
+    such a tensor, an earlier cast to it, or any f32 value)."""
+    p = P.prim(x.op)
+    return x.dtype is v.dtype and (v.dtype is F32 or p.family is P.Family.CAST or p.reads == "tensor")
 
 
-def _redundant_cast(v: Value, args: tuple) -> Value | None:
-    if v.op != "cast":
-        return None
-    (x,) = args
-    # already of that type: a load of a bf16 tensor, or a value cast to it before
-    if x.dtype is v.dtype and (x.op in ("load", "cast") or v.dtype is F32):
-        return x
-    return None
-
+X, Y = V("x"), V("y")
 
 RULES = [
-    ("fold-constants", _fold),
-    ("algebraic-identities", _identity),
-    ("redundant-casts", _redundant_cast),
+    Rule("fold-constants", Pat(where=_foldable), _fold),
+    Rule("add-zero", Op("add", X, C(0)), lambda b, v: b["x"], _keeps("x")),
+    Rule("zero-add", Op("add", C(0), X), lambda b, v: b["x"], _keeps("x")),
+    Rule("sub-zero", Op("sub", X, C(0)), lambda b, v: b["x"], _keeps("x")),
+    Rule("mul-one", Op("mul", X, C(1)), lambda b, v: b["x"], _keeps("x")),
+    Rule("one-mul", Op("mul", C(1), X), lambda b, v: b["x"], _keeps("x")),
+    Rule("div-one", Op("div", X, C(1)), lambda b, v: b["x"], _keeps("x")),
+    Rule("neg-neg", Op("neg", Op("neg", X)), lambda b, v: b["x"], _keeps("x")),
+    Rule("add-neg", Op("add", X, Op("neg", Y)), lambda b, v: make("sub", (b["x"], b["y"]), like=v, name=v.name)),
+    Rule("sub-neg", Op("sub", X, Op("neg", Y)), lambda b, v: make("add", (b["x"], b["y"]), like=v, name=v.name)),
+    Rule("pow-one", Op("powi", X, where=lambda v: v.attrs["exp"] == 1), lambda b, v: b["x"], _keeps("x")),
+    Rule("select-same", Op("select", V("c"), X, X), lambda b, v: b["x"], _keeps("x")),
+    Rule("redundant-cast", Op("cast", X), lambda b, v: b["x"], lambda b, v: _exact_in(b["x"], v)),
 ]
 
+MAX_ROUNDS = 64   # each round only shrinks the kernel; real programs settle in 2 or 3
 
-def run(program):
+
+def _first_rule(v: Value) -> tuple[Value, str] | None:
+    for rule in RULES:
+        out = rule.apply(v)
+        if out is not None:
+            return out, rule.name
+    return None
+
+
+def applicable(kernel) -> list[tuple[Value, str]]:
+    """(value, rule) for every value some rule would still rewrite: empty when canonical."""
+    return [(v, hit[1]) for v in kernel.values if (hit := _first_rule(v)) is not None]
+
+
+def run(program, trace: list[str] | None = None):
     kernels = []
     for k in program.kernels:
-        for _ in range(8):   # each round shrinks the kernel; 8 is far more than any sample needs
-            changed = False
+        for _ in range(MAX_ROUNDS):
+            fired = []
 
             def apply(v, args):
-                nonlocal changed
-                for _name, rule in RULES:
-                    out = rule(v, args)
-                    if out is not None:
-                        changed = True
-                        return out
-                return None
+                candidate = copy_with(v, args)
+                hit = _first_rule(candidate)
+                if hit is None:
+                    return candidate
+                fired.append((hit[1], v))
+                return hit[0]
 
             k = rebuild(k, apply)
-            if not changed:
+            if trace is not None:
+                trace.extend(f"{k.name}: {rule} at {_where(v)}" for rule, v in fired)
+            if not fired:
                 break
         kernels.append(k)
     return program.replace_kernels(kernels)
+
+
+def _where(v: Value) -> str:
+    loc = f"{v.span.line}:{v.span.column}" if v.span else "?"
+    return f"{loc} ({v.name or v.op})"

@@ -1,11 +1,14 @@
 """Reduction splitting: every whole-row/column reduction becomes per-tile partials + a combine kernel.
 
-In the gemm, `reduce(X)` turns into a `partial` sink that writes one value per (row, tile of
+In the gemm, `reduce(X)` turns into a `partial` sink that writes one state per (row, tile of
 columns) -- deterministic, no atomics -- into a buffer. A combine kernel placed right after the
-gemm reads only those partials, merges them (sum, max, min, mean = sum / width, and the online
-log-sum-exp pair (m, s): m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)), then computes
-the vector math that follows the reductions and performs the stores that need it. Vector stores
-that need no reduction (a scaled column vector) move there too: a gemm epilogue stores tiles only.
+gemm reads only those partials, merges them in tile order with the reduction's own merge rule
+(epic/ir/primitives.py: sums add, max/min compare, mean divides by the width, the online
+log-sum-exp pair (m, s) merges as m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)), then
+computes the vector math that follows the reductions and performs the stores that need it.
+Vector stores that need no reduction (a scaled column vector) move there too: a gemm epilogue
+stores tiles only. Buffers and kernels made here are named NAME__..., a namespace user names
+cannot enter.
 """
 from __future__ import annotations
 
@@ -13,20 +16,20 @@ from dataclasses import replace
 
 from ..checks.locality import reductions_feeding
 from ..dtypes import F32
+from ..ir import primitives as P
 from ..ir.core import CombineKernel, Store, Tensor, Value, topo_order
-from ..shapes import Kind, Shape
+from ..shapes import Kind
+from .rewrite import copy_with, make
 
-PARTIAL = Shape(Kind.PARTIAL)
 
-
-def run(program):
+def run(program, trace=None):
     kernels, tensors = [], dict(program.tensors)
     for k in program.kernels:
         if k.kind != "gemm":
             kernels.append(k)
             continue
         dep = reductions_feeding(k)
-        if any(v.kind in (Kind.TILE, Kind.BLOCK) for v in k.values if v.id in dep and v.op != "reduce"):
+        if any(v.kind in (Kind.TILE, Kind.BLOCK) for v in k.values if v.id in dep and not _is_reduce(v)):
             kernels.append(k)   # a locality error the checker will report
             continue
         if not dep and not any(s.value.kind in (Kind.COL, Kind.ROW) for s in k.stores):
@@ -34,6 +37,14 @@ def run(program):
             continue
         kernels.extend(_split(k, dep, tensors))
     return program.replace_kernels(kernels, tensors)
+
+
+def _is_reduce(v: Value) -> bool:
+    return P.family(v.op) is P.Family.REDUCE
+
+
+def combine_name(gemm: str, axis: str) -> str:
+    return f"{gemm}__{axis}_combine"
 
 
 def _store_axis(s: Store, dep: dict) -> str | None:
@@ -48,39 +59,47 @@ def _split(k, dep: dict, tensors: dict) -> list:
     partial_stores: list[Store] = []
     combines = []
     for axis in ("row", "col"):
-        reduces = [v for v in k.values if v.op == "reduce" and v.attrs["axis"] == axis]
+        reduces = [v for v in k.values if _is_reduce(v) and v.attrs["axis"] == axis]
         stores = [s for s in k.stores if _store_axis(s, dep) == axis]
         if not reduces and not stores:
             continue
         mapped: dict[int, Value] = {}
         for i, r in enumerate(reduces):
-            buf = f"{k.name}_{r.name or axis + '_' + r.attrs['fn']}_part{i}"
+            buf = f"{k.name}__{r.name or axis + '_' + r.attrs['fn']}_part{i}"
             x = r.args[0]
             tensors[buf] = Tensor(buf, F32, (k.rows, k.n * x.shape.width), "partial",
                                   r.span, producer=k.name, tiles_axis="n" if axis == "row" else "m",
-                                  components=2 if r.attrs["fn"] == "lse" else 1)
+                                  components=P.reduction(r.attrs["fn"]).state)
             attrs = {"axis": axis, "fn": r.attrs["fn"], "buffer": buf}
-            partial = Value("partial", (x,), attrs, F32, PARTIAL, r.span, r.name, r.origin)
+            partial = make("partial", (x,), attrs, like=r, name=r.name)
             partial_stores.append(Store(buf, partial, r.span))
             width = k.n * x.shape.width if axis == "row" else k.rows
-            mapped[r.id] = Value("combine", (), dict(attrs, width=width), F32, r.shape, r.span, r.name, r.origin)
+            mapped[r.id] = make("combine", (), dict(attrs, width=width, of_width=x.shape.width), like=r, name=r.name)
         for s in stores:
             _copy_into(s.value, mapped)
         new_stores = [Store(s.tensor, mapped[s.value.id], s.span) for s in stores]
+        name = combine_name(k.name, axis)
         for s in stores:
-            tensors[s.tensor] = replace(tensors[s.tensor], producer=f"{k.name}_{axis}_combine")
-        combines.append(CombineKernel(f"{k.name}_{axis}_combine", k.name, axis, k.rows, k.n,
+            tensors[s.tensor] = replace(tensors[s.tensor], producer=name)
+        combines.append(CombineKernel(name, k.name, axis, k.rows, k.n,
                                       topo_order([s.value for s in new_stores]), new_stores, span=k.span))
     stores = local_stores + partial_stores
     gemm = k.with_values(topo_order([s.value for s in stores]), stores)
     return [gemm] + [c for c in combines if c.stores]
 
 
-def _copy_into(v: Value, mapped: dict) -> Value:
-    """Rebuild v (vector math after the reductions) on the combine kernel's values."""
-    if v.id in mapped:
-        return mapped[v.id]
-    args = tuple(_copy_into(a, mapped) for a in v.args)
-    out = Value(v.op, args, v.attrs, v.dtype, v.shape, v.span, v.name, v.origin)   # a fresh value per kernel
-    mapped[v.id] = out
-    return out
+def _copy_into(root: Value, mapped: dict) -> Value:
+    """Rebuild root (vector math after the reductions) on the combine kernel's values: a fresh
+    value per kernel, operands first (iteratively: the chain may be long)."""
+    stack = [(root, False)]
+    while stack:
+        v, ready = stack.pop()
+        if v.id in mapped:
+            continue
+        if not ready:
+            stack.append((v, True))
+            stack.extend((a, False) for a in v.args if a.id not in mapped)
+            continue
+        args = tuple(mapped[a.id] for a in v.args)
+        mapped[v.id] = copy_with(v, args) if args else make(v.op, (), v.attrs, like=v, name=v.name)
+    return mapped[root.id]

@@ -7,19 +7,19 @@ Heuristic (measured on the H200 with bench/bench.py; numbers in docs/PERFORMANCE
                                                    resid_norm at M = 64, 1.03x vs 1.17x plain)
   otherwise    cooperative 128x256x64, cluster 2x1 prefill: best of the sweep for every workload;
                tile scheduler swizzle 8      (identity epilogue at N = 14336: 1.07x -> 0.99x cuBLAS)
-The tile width is then narrowed if a 1xB block does not divide it.
+The tile width is then narrowed if a 1xB block does not divide it. A file that fixes the tile but
+not the schedule gets a schedule that accepts the tile.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..diagnostics import Diagnostic, EpicError
+from ..diagnostics import error
+from ..ir import options as vocab
+from ..ir import primitives as P
+from ..shapes import Kind
 
-SCHEDULES = ("cooperative", "pingpong")
-
-
-AUX_LOADS = ("tma", "direct")
-RASTERS = ("heuristic", "m", "n")     # CUTLASS RasterOrderOptions: Heuristic, AlongM, AlongN
+SCHEDULES, AUX_LOADS, RASTERS = vocab.SCHEDULES, vocab.AUX_LOADS, vocab.RASTERS
 
 
 @dataclass(frozen=True)
@@ -63,36 +63,33 @@ class KernelConfig:
                 + (f"_e{self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else ""))
 
 
-def validate(cfg: KernelConfig, where: str = "") -> KernelConfig:
-    m, n, k = cfg.tile
-    problems = []
+def problems(cfg: KernelConfig) -> list[str]:
+    out = [p for p in (vocab.value_problem("tile", cfg.tile), vocab.value_problem("cluster", cfg.cluster),
+                       vocab.value_problem("swizzle", cfg.swizzle),
+                       vocab.value_problem("epi_tile", cfg.epi_tile) if cfg.epi_tile else None) if p]
     if cfg.schedule not in SCHEDULES:
-        problems.append(f"unknown schedule '{cfg.schedule}' (use {' or '.join(SCHEDULES)})")
-    if cfg.schedule == "cooperative" and m not in (128, 256):
-        problems.append("the cooperative schedule needs tile M = 128 or 256")
-    if cfg.schedule == "pingpong" and m not in (64, 128):
-        problems.append("the pingpong schedule needs tile M = 64 or 128")
-    if n not in (64, 128, 256):
-        problems.append("tile N must be 64, 128 or 256")
-    if k not in (64, 128):
-        problems.append("tile K must be 64 or 128")
-    if cfg.cluster not in ((1, 1), (2, 1), (1, 2), (2, 2)):
-        problems.append("cluster must be 1x1, 2x1, 1x2 or 2x2")
+        out.append(f"unknown schedule '{cfg.schedule}' (use {' or '.join(SCHEDULES)})")
     if cfg.aux_load not in AUX_LOADS:
-        problems.append(f"aux_load must be one of {', '.join(AUX_LOADS)}")
-    if cfg.swizzle not in (1, 2, 4, 8):
-        problems.append("swizzle must be 1, 2, 4 or 8")
+        out.append(f"aux_load must be one of {', '.join(AUX_LOADS)}")
     if cfg.raster not in RASTERS:
-        problems.append(f"raster must be one of {', '.join(RASTERS)}")
-    if cfg.epi_tile is not None:
-        em, en = cfg.epi_tile
-        if m % em or n % en or en % 16 or em % (128 if cfg.schedule == "cooperative" else 64):
-            problems.append("the epilogue tile must divide the CTA tile, with M a multiple of 64 (128 for the "
-                            "cooperative schedule) and N a multiple of 16")
-    if problems:
-        raise EpicError(Diagnostic("E215", f"bad kernel configuration{' for ' + where if where else ''}: "
-                                   + "; ".join(problems), None))
+        out.append(f"raster must be one of {', '.join(RASTERS)}")
+    return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile)
+
+
+def validate(cfg: KernelConfig, where: str = "", span=None) -> KernelConfig:
+    found = problems(cfg)
+    if found:
+        raise error("E216", f"bad kernel configuration{' for ' + where if where else ''} ({cfg}): "
+                    + "; ".join(found), span,
+                    "change the gemm's `with` options or the call's config (cooperative: tile M 128/256; "
+                    "pingpong: tile M 64/128)")
     return cfg
+
+
+def block_sizes(kernel) -> set[int]:
+    """The 1xB block sizes a gemm's epilogue reduces or stores: each must divide the tile width."""
+    return {v.attrs["block"] for v in kernel.values if P.family(v.op) is P.Family.BLOCK} | \
+           {v.shape.block for v in kernel.values if v.kind is Kind.BLOCK and v.shape.block}
 
 
 def heuristic(m: int, blocks: set[int] | None = None) -> KernelConfig:
@@ -106,21 +103,27 @@ def heuristic(m: int, blocks: set[int] | None = None) -> KernelConfig:
     return cfg
 
 
+def _schedule_for(tile: tuple[int, int, int], preferred: str) -> str:
+    """The preferred schedule if it accepts the tile's M, else the other one."""
+    if not vocab.combination_problems(preferred, tile, None):
+        return preferred
+    return next((s for s in SCHEDULES if not vocab.combination_problems(s, tile, None)), preferred)
+
+
 def choose(kernel, m: int, override: dict | None = None) -> KernelConfig:
     """The configuration of one gemm: call-time override > options in the file > heuristic."""
-    from ..checks.layout import block_sizes
     cfg = heuristic(m, block_sizes(kernel))
     for source in (kernel.options, override or {}):
         if source:
+            tile = tuple(source.get("tile", cfg.tile))
+            schedule = source.get("schedule") or (_schedule_for(tile, cfg.schedule) if "tile" in source else cfg.schedule)
             epi = source.get("epi_tile", cfg.epi_tile)
-            cfg = KernelConfig(source.get("schedule", cfg.schedule), tuple(source.get("tile", cfg.tile)),
-                               tuple(source.get("cluster", cfg.cluster)), source.get("aux_load", cfg.aux_load),
-                               tuple(epi) if epi else None, int(source.get("swizzle", cfg.swizzle)),
-                               source.get("raster", cfg.raster))
-    cfg = validate(cfg, f"gemm '{kernel.name}'")
+            cfg = KernelConfig(schedule, tile, tuple(source.get("cluster", cfg.cluster)),
+                               source.get("aux_load", cfg.aux_load), tuple(epi) if epi else None,
+                               int(source.get("swizzle", cfg.swizzle)), source.get("raster", cfg.raster))
+    cfg = validate(cfg, f"gemm '{kernel.name}'", getattr(kernel, "span", None))
     for b in block_sizes(kernel):
         if cfg.tile_n % b:
-            raise EpicError(Diagnostic("E404", f"gemm '{kernel.name}': block size {b} does not divide the tile "
-                                       f"width {cfg.tile_n}", kernel.span,
-                                       "pick a tile width that is a multiple of the block size"))
+            raise error("E404", f"gemm '{kernel.name}': block size {b} does not divide the tile width {cfg.tile_n}",
+                        kernel.span, "pick a tile width that is a multiple of the block size")
     return cfg

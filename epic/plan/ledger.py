@@ -17,11 +17,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import dtypes, sizes as sizes_mod
+from ..ir import primitives as P
 from ..ir.core import Program, Value
+from ..passes.defer_row_scale import SUFFIX
 from ..shapes import Kind
 from .planner import Plan
 
-SOURCES = ("acc", "load", "const", "dim", "row_index", "col_index")
+
+def _is_source(v: Value) -> bool:
+    return P.family(v.op) is P.Family.SOURCE
+
+
+def _reads_tensor(v: Value) -> bool:
+    return P.prim(v.op).reads == "tensor"
 
 
 @dataclass
@@ -45,7 +53,7 @@ def fused_rows(plan: Plan) -> list[Row]:
     for step in plan.steps:
         def entry(name):
             b = plan.buffers[name]
-            return (name, f"{b.dtype}[{', '.join(map(str, b.shape))}]", b.nbytes)
+            return (name, f"{b.torch_dtype}[{', '.join(map(str, b.shape))}]", b.nbytes)
         rows.append(Row(step.kernel.name, step.kernel.kind, [entry(n) for n in step.reads],
                         [entry(n) for n in step.writes]))
     return rows
@@ -73,10 +81,10 @@ def unfused_rows(source: Program, sizes: dict[str, int]) -> list[Row]:
 
         def held(v: Value):
             """(dtype, shape) of a value as op by op would keep it in memory."""
-            if v.op == "load":
+            if _reads_tensor(v):
                 t = source.tensors[v.attrs["tensor"]]
                 return t.dtype, tuple(ev(d) for d in t.dims)
-            if v.kind in (Kind.COL, Kind.ROW) and v.op != "acc":
+            if v.kind in (Kind.COL, Kind.ROW) and not P.is_accumulator(v.op):
                 return dtypes.F32, elems(v)
             return act, elems(v)
 
@@ -91,18 +99,18 @@ def unfused_rows(source: Program, sizes: dict[str, int]) -> list[Row]:
         stored = {s.value.id: source.tensors[s.tensor] for s in k.stores}
         groups: dict[object, list[Value]] = {}
         for v in k.values:
-            if v.op not in SOURCES:
+            if not _is_source(v):
                 groups.setdefault(("call", v.origin) if v.origin is not None else ("op", v.id), []).append(v)
         users = k.users()
         for members in groups.values():
             ids = {v.id for v in members}
             inputs = {x.id: x for v in members for x in v.args if x.id not in ids and x.kind is not Kind.SCALAR
-                      and x.op not in ("row_index", "col_index")}
+                      and (not _is_source(x) or _reads_tensor(x) or P.is_accumulator(x.op))}
             outputs = [v for v in members if v.id in stored or any(u.id not in ids for u in users.get(v.id, []))]
             reads = []
             for x in inputs.values():
                 dt, shape = held(x)
-                reads.append(entry(x.attrs["tensor"] if x.op == "load" else (x.name or x.op), dt, shape))
+                reads.append(entry(x.attrs["tensor"] if _reads_tensor(x) else (x.name or x.op), dt, shape))
             writes = []
             for v in outputs:
                 dt, shape = held(v)
@@ -144,9 +152,10 @@ def render(plan: Plan, source: Program) -> str:
         desc = f"gemm {k.a} @ {k.b}" if k.kind == "gemm" else f"combine of {k.source}'s per-tile partials ({k.axis}s)"
         out.append(f"  {i}. {k.name}: {desc}{cfg}")
         if k.kind == "gemm":
-            work = [f"{s.tensor}" for s in k.stores if s.value.op != "partial"]
-            parts = [f"{s.value.attrs['fn']}" for s in k.stores if s.value.op == "partial"]
-            scaled = [v.attrs["tensor"] for v in k.values if v.op == "load" and v.attrs["tensor"].endswith("_rowscale")]
+            partial = [s for s in k.stores if s.value.kind is Kind.PARTIAL]
+            work = [s.tensor for s in k.stores if s not in partial]
+            parts = [s.value.attrs["fn"] for s in partial]
+            scaled = [v.attrs["tensor"] for v in k.values if _reads_tensor(v) and v.attrs["tensor"] == k.a + SUFFIX]
             if scaled:
                 out.append(f"       epilogue multiplies acc by {', '.join(scaled)}[row]")
             out.append(f"       writes {', '.join(work) or 'nothing else'}"
@@ -158,7 +167,7 @@ def render(plan: Plan, source: Program) -> str:
     for b in plan.buffers.values():
         if b.role in ("scalar",):
             continue
-        out.append(f"  {b.name:<28} {b.role:<7} {b.dtype}[{', '.join(map(str, b.shape))}]".ljust(64)
+        out.append(f"  {b.name:<28} {b.role:<7} {b.torch_dtype}[{', '.join(map(str, b.shape))}]".ljust(64)
                    + f" {b.nbytes:>14,} B  written by {b.writer or 'caller'}; read by {', '.join(b.readers) or '-'}")
     fused = fused_rows(plan)
     unfused = unfused_rows(source, plan.sizes)

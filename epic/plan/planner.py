@@ -1,12 +1,17 @@
 """The plan: the ordered kernels of a rewritten program at given sizes, with every buffer's shape,
-dtype, bytes, and which kernel writes and reads it."""
+dtype, bytes, and which kernel writes and reads it.
+
+The plan is the single source of truth for buffers: the shape of each one here is what the runtime
+allocates (and hands to the kernels), what the byte ledger counts and what the reference
+interpreter's per-tile partials look like (epic/layouts.py has the layout rules)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import sizes as sizes_mod
+from .. import dtypes, layouts, sizes as sizes_mod
 from ..checks import layout
 from ..diagnostics import EpicError
+from ..ir import primitives as P
 from ..ir.core import Program, Tensor
 from ..shapes import Kind
 from . import config as config_mod
@@ -15,10 +20,12 @@ from . import config as config_mod
 @dataclass
 class Buffer:
     name: str
-    role: str
-    dtype: str
-    shape: tuple[int, ...]
+    role: str                   # input | scalar | out | tmp | buffer | partial
+    dtype: dtypes.DType         # the element type of the program
+    shape: tuple[int, ...]      # as allocated (per-tile partials and packed int4 differ from the math)
+    torch_dtype: str            # torch dtype the caller passes or receives
     nbytes: int
+    layout: str                 # how the elements lie, in words
     writer: str | None = None
     readers: list[str] = field(default_factory=list)
 
@@ -43,23 +50,35 @@ class Plan:
         """(tile M, tile N) of each gemm, for the reference interpreter's per-tile partials."""
         return {k: (c.tile_m, c.tile_n) for k, c in self.configs.items()}
 
+    def allocations(self) -> list[Buffer]:
+        """What a call allocates: everything a kernel writes."""
+        return [b for b in self.buffers.values() if b.role in ("out", "tmp", "buffer", "partial")]
 
-def tensor_shape(t: Tensor, sizes: dict[str, int], configs: dict) -> tuple[int, ...]:
+
+def buffer_of(t: Tensor, sizes: dict[str, int], configs: dict) -> Buffer:
     dims = tuple(sizes_mod.evaluate(d, sizes) for d in t.dims)
     if t.tiles_axis:
         cfg = configs[t.producer]
         rows, width = dims
-        dims = (rows, -(-width // cfg.tile_n)) if t.tiles_axis == "n" else (-(-rows // cfg.tile_m), width)
-        if t.components == 2:
-            dims += (2,)
-    return dims
+        axis = "row" if t.tiles_axis == "n" else "col"
+        shape = layouts.partial_shape(axis, rows, width, cfg.tile_m, cfg.tile_n, t.components)
+        what = (f"per-tile {'row' if axis == 'row' else 'column'} partials, tile-major, padded to the tile"
+                + (", (max, sum-exp) pairs" if t.components == 2 else ""))
+        return Buffer(t.name, t.role, t.dtype, shape, "float32", _nbytes(shape, 32), what, t.producer)
+    if t.dtype is dtypes.I4:
+        shape = layouts.packed_int4_shape(*dims)
+        return Buffer(t.name, t.role, t.dtype, shape, "uint8", _nbytes(shape, 8),
+                      "int4 packed two per byte, low nibble = even column", t.producer)
+    kind = "row-major" if t.layout == "row" else "K-major (column-major [K, N])"
+    return Buffer(t.name, t.role, t.dtype, dims, t.dtype.torch_name, _nbytes(dims, t.dtype.bits),
+                  kind if dims else "scalar", t.producer)
 
 
-def tensor_bytes(t: Tensor, shape: tuple[int, ...]) -> int:
+def _nbytes(shape: tuple[int, ...], bits: int) -> int:
     n = 1
     for d in shape:
         n *= d
-    return (n * t.dtype.bits + 7) // 8
+    return (n * bits + 7) // 8
 
 
 def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict] | None = None) -> Plan:
@@ -69,17 +88,11 @@ def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict
     m = sizes_mod.evaluate(next(k.rows for k in program.kernels), sizes)
     configs = {k.name: config_mod.choose(k, m, (overrides or {}).get(k.name))
                for k in program.kernels if k.kind == "gemm"}
-    buffers: dict[str, Buffer] = {}
-    for t in program.tensors.values():
-        shape = tensor_shape(t, sizes, configs)
-        buffers[t.name] = Buffer(t.name, t.role, str(t.dtype), shape, tensor_bytes(t, shape), t.producer)
+    buffers = {t.name: buffer_of(t, sizes, configs) for t in program.tensors.values()}
     steps = []
     for k in program.kernels:
-        reads = []
-        if k.kind == "gemm":
-            reads += [k.a, k.b]
-        reads += [v.attrs["tensor"] for v in k.values if v.op == "load" and v.kind is not Kind.SCALAR]
-        reads += [v.attrs["buffer"] for v in k.values if v.op == "combine"]
+        reads = [k.a, k.b] if k.kind == "gemm" else []
+        reads += [v.attrs[P.prim(v.op).reads] for v in k.values if P.prim(v.op).reads and v.kind is not Kind.SCALAR]
         reads = list(dict.fromkeys(reads))
         writes = [s.tensor for s in k.stores]
         for r in reads:

@@ -1,29 +1,37 @@
 """nvcc driver with an on-disk cache.
 
 A kernel's shared library lives at $EPIC_CACHE_DIR (default ~/.cache/epic)/<key>/<name>.so, where
-the key hashes the source, the flags, and the nvcc and CUTLASS versions. EPIC_NO_BUILD=1 makes a
-missing kernel an error instead of an nvcc run (for machines that only use prebuilt kernels). Two processes building
-the same kernel do not collide: a lock file serializes them and the library appears by an atomic
-rename. Independent kernels build in parallel processes; rich shows progress while nvcc runs.
-An nvcc failure is a bug in epic: it raises E701 and keeps the .cu.
+the key hashes the source, the flags, and the nvcc and CUTLASS versions (layout and validation in
+cache.py). EPIC_NO_BUILD=1 makes a missing or damaged kernel an error (E704) instead of an nvcc run
+(for machines that only use prebuilt kernels). Two processes building the same kernel do not
+collide: a lock file serializes them and the library appears by an atomic rename, after a check that
+it is a whole shared object with epic's exports. A damaged entry is rebuilt, never loaded.
+Independent kernels build in parallel processes; rich shows progress while nvcc runs. nvcc runs
+under a timeout (EPIC_NVCC_TIMEOUT, seconds). An nvcc failure on generated code is a bug in epic:
+it raises E701 and keeps the .cu; a missing, crashing, hanging or misbehaving nvcc is E705, a cache
+that cannot be written E704.
 """
 from __future__ import annotations
 
 import concurrent.futures
-import fcntl
 import functools
 import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from .. import envflags
+from ..codegen.unit import Unit  # noqa: F401  (public: build.Unit)
 from ..diagnostics import Diagnostic, EpicError
+from . import cache
+from .cache import cache_dir  # noqa: F401  (public: build.cache_dir)
 
 CODEGEN_VERSION = "1"     # bump when generated code changes meaning without changing its text
 BASE_FLAGS = ["-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
@@ -31,35 +39,31 @@ BASE_FLAGS = ["-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
               "-Xcompiler", "-fvisibility=hidden"]
 
 
-@dataclass(frozen=True)
-class Unit:
-    """One translation unit to build: a name (for messages) and its CUDA source."""
-    name: str
-    source: str
-    uses_cutlass: bool = True
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("EPIC_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "epic"
-
-
 def nvcc_path() -> str:
-    exe = os.environ.get("EPIC_NVCC") or shutil.which("nvcc")
+    exe = os.environ.get("EPIC_NVCC")
+    if exe and not shutil.which(exe):
+        raise EpicError(Diagnostic("E705", f"EPIC_NVCC is set to {exe!r}, which is not an executable file", None,
+                                   "set EPIC_NVCC to nvcc's path, or unset it to use the nvcc on PATH"))
+    exe = exe or shutil.which("nvcc")
     if not exe:
-        raise EpicError(Diagnostic("E701", "nvcc not found", None,
+        raise EpicError(Diagnostic("E705", "nvcc not found", None,
                                    "install the CUDA toolkit (12.4 or newer) or set EPIC_NVCC to nvcc's path"))
     return exe
 
 
 @functools.lru_cache(maxsize=None)
 def nvcc_version(exe: str) -> str:
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-    m = re.search(r"release ([\d.]+), V([\d.]+)", out)
-    return m.group(2) if m else out.strip().splitlines()[-1]
+    r = _run([exe, "--version"], min(60.0, nvcc_timeout()))
+    if r.returncode != 0:
+        excerpt = "\n".join((r.stderr or r.stdout).strip().splitlines()[:6])
+        raise EpicError(Diagnostic("E705", f"`{exe} --version` failed (exit status {r.returncode})\n{excerpt}",
+                                   None, "check the CUDA toolkit installation or set EPIC_NVCC"))
+    m = re.search(r"release ([\d.]+), V([\d.]+)", r.stdout)
+    lines = r.stdout.strip().splitlines()
+    if not m and not lines:
+        raise EpicError(Diagnostic("E705", f"`{exe} --version` printed nothing", None,
+                                   "check the CUDA toolkit installation or set EPIC_NVCC"))
+    return m.group(2) if m else lines[-1]
 
 
 @functools.lru_cache(maxsize=1)
@@ -68,7 +72,7 @@ def cutlass_paths() -> tuple[str, list[str]]:
     try:
         import cutlass_library
     except ImportError:
-        raise EpicError(Diagnostic("E701", "the nvidia-cutlass package is not installed", None,
+        raise EpicError(Diagnostic("E705", "the nvidia-cutlass package (CUTLASS's headers) is not installed", None,
                                    "pip install nvidia-cutlass==4.2.0.0")) from None
     root = Path(cutlass_library.source_path)
     from importlib import metadata
@@ -104,41 +108,134 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
+def nvcc_timeout() -> float:
+    """Seconds one nvcc run may take (EPIC_NVCC_TIMEOUT, default 1200: a CUTLASS kernel takes about 60)."""
+    text = os.environ.get("EPIC_NVCC_TIMEOUT", "").strip()
+    try:
+        seconds = float(text) if text else 1200.0
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):        # also refuses nan
+        raise EpicError(Diagnostic("E706", f"EPIC_NVCC_TIMEOUT={text!r} is not a positive number of seconds"))
+    return seconds
+
+
+_RUNNING: set[subprocess.Popen] = set()       # nvcc processes of this process, for stop_all()
+_RUNNING_LOCK = threading.Lock()
+_STOPPING = threading.Event()
+
+
+def _run(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run nvcc in a process group of its own, so that a timeout or an interrupt kills it and every
+    child it started (cicc, ptxas, the host compiler)."""
+    try:
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, errors="replace", env=env, start_new_session=True)
+    except OSError as e:
+        raise EpicError(Diagnostic("E705", f"cannot run nvcc ({cmd[0]}): {e.strerror or e}", None,
+                                   "install the CUDA toolkit (12.4 or newer) or set EPIC_NVCC to nvcc's path")) from None
+    with _RUNNING_LOCK:
+        _RUNNING.add(p)
+        if _STOPPING.is_set():                  # started just as the build was interrupted
+            _kill(p, wait=False)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill(p)
+        raise EpicError(Diagnostic("E705", f"nvcc did not finish in {timeout:g} s and was stopped", None,
+                                   "allow more time with EPIC_NVCC_TIMEOUT=SECONDS")) from None
+    except BaseException:                       # KeyboardInterrupt: Ctrl-C does not reach nvcc's own group
+        _kill(p)
+        raise
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(p)
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def _kill(p: subprocess.Popen, wait: bool = True) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if wait:
+        try:
+            p.communicate(timeout=10)           # reap it and close the pipes
+        except subprocess.TimeoutExpired:       # a child left the group and holds the pipes
+            p.wait()
+
+
+def stop_all() -> None:
+    """Kill every nvcc this process is running (build_all calls it when interrupted)."""
+    with _RUNNING_LOCK:
+        _STOPPING.set()
+        for p in _RUNNING:
+            _kill(p, wait=False)
+
+
 def build_one(unit: Unit) -> Path:
     exe = nvcc_path()
     target = library_path(unit)
-    if target.exists():
+    why = cache.problem(target)
+    if why is None:
         return target
-    if os.environ.get("EPIC_NO_BUILD"):
-        raise EpicError(Diagnostic("E701", f"kernel '{unit.name}' is not in the cache ({cache_dir()}) and "
-                                   "EPIC_NO_BUILD is set", None, "build it first with `epic build` or unset EPIC_NO_BUILD"))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)          # a second builder waits here, then finds the library
-        if target.exists():
+    if envflags.enabled("EPIC_NO_BUILD"):
+        what = "is not in the cache" if why == cache.MISSING else f"is damaged in the cache ({why}): {target}"
+        raise EpicError(Diagnostic("E704", f"kernel '{unit.name}' {what} ({cache_dir()}) and EPIC_NO_BUILD is set",
+                                   None, "build it first with `epic build` or unset EPIC_NO_BUILD"))
+    timeout = nvcc_timeout()
+    with cache.locked(target.parent, wait=timeout + 60):   # a second builder waits here, then finds the library
+        if cache.problem(target) is None:
             return target
-        src = target.with_suffix(".cu")
+        cache.discard(target)                   # a damaged entry is never served: rebuild it
+        _compile(unit, exe, target, timeout)
+    return target
+
+
+def _compile(unit: Unit, exe: str, target: Path, timeout: float) -> None:
+    """nvcc into a temporary directory inside the entry (nvcc's own temporaries too), then verify and
+    commit. Every way out but success and E701/E217 removes the source; the temporaries always go."""
+    src = target.with_suffix(".cu")
+    try:
         src.write_text(unit.source)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        cmd = [exe, *flags_for(unit), str(src), "-o", tmp]
+        tmp = Path(tempfile.mkdtemp(prefix=cache.TMP_PREFIX, dir=target.parent))
+    except OSError as e:
+        src.unlink(missing_ok=True)
+        raise cache.unusable(Path(e.filename or target.parent), e) from None
+    keep_src = False
+    try:
+        out = tmp / target.name
+        cmd = [exe, *flags_for(unit), str(src), "-o", str(out)]
         t0 = time.time()
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        r = _run(cmd, timeout, env=dict(os.environ, TMPDIR=str(tmp)))
+        if r.returncode < 0:
+            raise EpicError(Diagnostic("E705", f"nvcc was killed by signal {-r.returncode} while building "
+                                       f"'{unit.name}'", None, "out of memory? build fewer kernels at a time (-j)"))
         if r.returncode != 0:
-            os.unlink(tmp)
+            keep_src = True
             log = target.with_suffix(".log")
             log.write_text(" ".join(cmd) + "\n\n" + r.stdout + r.stderr)
             if "Stages set to value 2 or more" in r.stdout + r.stderr:
                 raise EpicError(Diagnostic(
-                    "E215", f"kernel '{unit.name}': the epilogue's shared memory leaves the mainloop fewer than "
+                    "E217", f"kernel '{unit.name}': the epilogue's shared memory leaves the mainloop fewer than "
                     "2 pipeline stages", None, "choose a smaller tile or epilogue tile (with tile=..., epi_tile=...)"))
             excerpt = "\n".join((r.stderr or r.stdout).strip().splitlines()[:12])
             raise EpicError(Diagnostic(
                 "E701", f"nvcc failed on the generated kernel '{unit.name}' (this is a bug in epic, not in your "
                 f"program)\n{excerpt}", None, f"the source is kept at {src}; the full log at {log}"))
+        why = cache.commit(out, target, unit.expect)
+        if why:
+            raise EpicError(Diagnostic("E705", f"nvcc reported success on '{unit.name}' but its output is not a "
+                                       f"usable library: {why}", None, f"check the nvcc at {exe}"))
+        keep_src = True
+        target.with_suffix(".log").unlink(missing_ok=True)      # an earlier failure's log
         (target.parent / "build.txt").write_text(" ".join(cmd) + f"\n{time.time() - t0:.1f} s\n")
-        os.replace(tmp, target)                   # atomic: readers see no library or a whole one
-    return target
+    except OSError as e:
+        raise cache.unusable(Path(e.filename or target.parent), e) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not keep_src:
+            src.unlink(missing_ok=True)
 
 
 def default_jobs(n: int) -> int:
@@ -153,7 +250,7 @@ def default_jobs(n: int) -> int:
 
 def build_all(units: list[Unit], jobs: int | None = None, quiet: bool = False) -> list[Path]:
     """Build units in parallel (cached ones return at once); progress on stderr."""
-    todo = [u for u in units if not library_path(u).exists()]
+    todo = [u for u in units if cache.problem(library_path(u)) is not None]
     if not todo:
         return [library_path(u) for u in units]
     jobs = jobs or default_jobs(len(todo))
@@ -164,7 +261,8 @@ def build_all(units: list[Unit], jobs: int | None = None, quiet: bool = False) -
                             transient=True)
     elif not quiet:
         print(f"epic: building {len(todo)} kernel(s) with nvcc ({jobs} at a time)...", file=sys.stderr)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs)
+    try:
         futures = {pool.submit(build_one, u): u for u in todo}
         if progress is not None:
             with progress:
@@ -175,4 +273,13 @@ def build_all(units: list[Unit], jobs: int | None = None, quiet: bool = False) -
                                     description=f"nvcc: built {futures[f].name}")
         for f in futures:
             f.result()
+    except KeyboardInterrupt:
+        # Ctrl-C reaches only this thread, and nvcc runs in a process group of its own: stop the
+        # queue and the running nvccs, or the pool would wait for them to finish.
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop_all()
+        raise
+    finally:
+        pool.shutdown(wait=True)
+        _STOPPING.clear()
     return [library_path(u) for u in units]

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 from ..diagnostics import Diagnostic, EpicError
+from . import cache
 
 _LOCK = threading.Lock()
 _LOADED: dict[str, "KernelLibrary"] = {}
@@ -29,7 +30,10 @@ class KernelLibrary:
         self.lib.epic_workspace_size.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
         self.lib.epic_workspace_size.restype = ctypes.c_size_t
         self.lib.epic_info.restype = ctypes.c_char_p
-        self.info = json.loads(self.lib.epic_info().decode())
+        info = self.lib.epic_info()
+        self.info = json.loads(info.decode()) if info else None
+        if not isinstance(self.info, dict):
+            raise ValueError(f"epic_info() returned {info!r}, not a JSON object")
 
     def workspace_size(self, sizes: list[int]) -> int:
         arr = (ctypes.c_longlong * len(sizes))(*sizes)
@@ -51,14 +55,32 @@ class KernelLibrary:
 
 
 def load(path: Path, expect_ptrs: list[str]) -> KernelLibrary:
+    """dlopen a cache entry after checking it (a damaged library must never reach dlopen: a truncated
+    one kills the process with SIGBUS), then check that it describes the kernel the caller expects."""
+    path = Path(path)
     key = str(path)
     with _LOCK:
         lib = _LOADED.get(key)
         if lib is None:
-            lib = KernelLibrary(path)
+            why = cache.problem(path)
+            if why is not None:
+                raise EpicError(Diagnostic("E704", f"kernel library {path} cannot be loaded: {why}", None,
+                                           "build it again (`epic build`, or run without EPIC_NO_BUILD); "
+                                           "`epic cache --prune` removes damaged entries"))
+            try:
+                lib = KernelLibrary(path)
+            except (OSError, AttributeError, ValueError) as e:   # dlopen failed, a symbol or epic_info is bad
+                raise EpicError(Diagnostic("E704", f"kernel library {path} cannot be loaded: {e}", None,
+                                           "`epic cache --clean` removes the cache; the next run rebuilds")) from None
             _LOADED[key] = lib
-    if lib.info.get("ptrs") != expect_ptrs:
-        raise EpicError(Diagnostic("E703", f"library {path} does not match the kernel it should hold "
-                                   f"(pointers {lib.info.get('ptrs')} vs {expect_ptrs})", None,
-                                   "clear the cache directory (EPIC_CACHE_DIR, default ~/.cache/epic)"))
+    expect = {"ptrs": expect_ptrs}
+    try:
+        expect = {**(cache.read_manifest(path).get("expect") or {}), **expect}
+    except (OSError, ValueError):
+        pass                                    # the manifest was checked before dlopen; it may be gone since
+    wrong = {k: (lib.info.get(k), v) for k, v in expect.items() if lib.info.get(k) != v}
+    if wrong:
+        what = "; ".join(f"{k} {got} vs {want}" for k, (got, want) in wrong.items())
+        raise EpicError(Diagnostic("E704", f"library {path} does not match the kernel it should hold ({what})",
+                                   None, "remove the cache entry (`epic cache --clean`); the next run rebuilds it"))
     return lib

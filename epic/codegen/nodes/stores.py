@@ -1,0 +1,91 @@
+"""Store nodes: extra output tiles, the output that goes through the collective as D, and
+deterministic per-tile partials of reductions (FinalReduction=false: no atomics)."""
+from __future__ import annotations
+
+from ... import dtypes
+from ...ir import primitives as P
+from ...ir.core import make
+from ...shapes import Kind
+from ..cxx import literal
+from .base import NodeImpl
+
+# what the collective can store as D (converted from the root node's float results)
+D_TYPES = (dtypes.BF16, dtypes.F16, dtypes.F32, dtypes.E4M3, dtypes.E5M2, dtypes.I8)
+
+
+def _tile_store(b, s) -> bool:
+    t = b.program.tensors[s.tensor]
+    return s.value.kind is Kind.TILE and s.value.shape.width == 1 and t.dtype.cutlass is not None
+
+
+class DStore(NodeImpl):
+    role = "root"
+    covers = f"one tile of the accumulator's width in {', '.join(map(str, D_TYPES))} (the collective's D)"
+
+    @classmethod
+    def matches(cls, b, s) -> bool:
+        return _tile_store(b, s) and b.program.tensors[s.tensor].dtype in D_TYPES
+
+    @classmethod
+    def emit(cls, b, s) -> int:
+        t = b.program.tensors[s.tensor]
+        b.set_d(t, "[M, N] row-major, stored by the collective")
+        return b.compute(s.value, t.dtype, t.dtype.cutlass)
+
+
+class AuxStore(NodeImpl):
+    role = "store"
+    covers = "extra tiles of the accumulator's width (TMA store)"
+
+    @classmethod
+    def matches(cls, b, s) -> bool:
+        return _tile_store(b, s)
+
+    @classmethod
+    def emit(cls, b, s) -> int:
+        t = b.program.tensors[s.tensor]
+        src = b.compute(s.value, t.dtype)
+        el = t.dtype.cutlass
+        p, i = b.pointer("aux_store", t.name, t.dtype)
+        d = b.descriptor("AuxStoreDescriptor", el)
+        return b.add(cls, f"Sm90AuxStore<{d}::Stages, typename {d}::EpilogueTile, {el}, RN, StrideAux, "
+                     f"typename {d}::SmemLayoutAtom, typename {d}::CopyOpR2S>",
+                     f"{{static_cast<{el}*>({p}), sAux}}", [src], f"store tile {t.name}", i)
+
+
+class _StockPartial(NodeImpl):
+    """Per-tile partials of a one-state reduction through CUTLASS's Sm90ColReduction (one value per
+    row and column tile) or Sm90RowReduction (per column and row tile)."""
+    role = "store"
+    axis = ""
+    cutlass = ""
+    stride = ""
+
+    @classmethod
+    def matches(cls, b, s) -> bool:
+        v = s.value
+        return (P.family(v.op) is P.Family.PARTIAL and v.attrs["axis"] == cls.axis
+                and P.reduction(v.attrs["fn"]).cxx_op is not None)
+
+    @classmethod
+    def emit(cls, b, s) -> int:
+        v = s.value
+        r = P.reduction(v.attrs["fn"])
+        x = make(r.pre, (v.args[0],), {}, v.span) if r.pre else v.args[0]
+        src = b.compute(x)
+        p, i = b.pointer(f"{cls.axis}_partial", s.tensor, dtypes.F32)
+        op = r.cxx_op
+        return b.add(cls, f"{cls.cutlass}<{op}, {op}, {op}, 0, TileShape, float, float, RN, "
+                     f"Stride<{cls.stride}, int64_t>, 4, true, /*FinalReduction=*/false>",
+                     f"{{{p}, {literal(r.identity[0])}, {{{', '.join(x + '{}' for x in cls.stride.split(', '))}, "
+                     "int64_t(0)}}", [src], f"per-tile {cls.axis} {r.name} -> {s.tensor}", i)
+
+
+class RowPartial(_StockPartial):
+    covers = "per-tile partials of a row reduction (sum, mean, max, min, amax)"
+    axis, cutlass, stride = "row", "Sm90ColReduction", "_1, _0"
+
+
+class ColPartial(_StockPartial):
+    covers = "per-tile partials of a column reduction (sum, mean, max, min, amax)"
+    axis, cutlass, stride = "col", "Sm90RowReduction", "_0, _1"

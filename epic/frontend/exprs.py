@@ -1,0 +1,187 @@
+"""Expressions -> typed IR values: names, literals, operators, calls of primitives (looked up in
+epic/ir/primitives.py), and inlining of `def`s.
+
+Definitions are pure, so a call with the same arguments always gives the same value: inlining
+memoizes by (definition, argument values), which keeps the IR a DAG and the work linear in the
+program's size (a chain of defs that each use their argument twice would otherwise expand
+exponentially)."""
+from __future__ import annotations
+
+import difflib
+
+from .. import dtypes
+from ..diagnostics import Span, error
+from ..ir import primitives as P
+from ..ir.core import Value, const, make
+from ..shapes import COL, Kind
+from . import ast
+
+
+class ExprLowering:
+    """Lowers the expressions of one gemm's epilogue. `scope` resolves names that are not local
+    values (tensors, dimensions, the accumulator) and knows the program's definitions."""
+
+    def __init__(self, scope):
+        self.scope = scope
+        self.call_stack: list[tuple[str, Span]] = []
+        self.origin: int | None = None       # the outermost inlined call being expanded
+        self.origins = 0
+        self.inlined: dict[tuple, Value] = {}
+
+    # ------------------------------------------------------------------ building values
+    def span(self, e) -> Span:
+        # values made inside an inlined definition point at the outermost call in the user's file
+        return self.call_stack[0][1] if self.call_stack else e.span
+
+    def make(self, op: str, args: tuple, attrs: dict, span: Span) -> Value:
+        try:
+            return make(op, args, attrs, span, origin=self.origin)
+        except P.TypeRuleError as e:
+            notes = [(self.scope.defs[name].span, f"in the expansion of {name}") for name, _ in reversed(self.call_stack)]
+            raise error(e.code, e.message, span, e.hint, notes) from None
+
+    def const(self, x: float | int, span: Span, is_int: bool = False) -> Value:
+        return const(int(x) if is_int else x, dtypes.I32 if is_int else dtypes.F32, span, origin=self.origin)
+
+    # ------------------------------------------------------------------ expressions
+    def expr(self, e, env: dict[str, Value]) -> Value:
+        if isinstance(e, ast.Num):
+            return self._number(e)
+        if isinstance(e, ast.Name):
+            return self._name(e, env)
+        if isinstance(e, ast.Neg):
+            x = self.expr(e.operand, env)
+            if P.is_literal(x):
+                return self.const(-x.attrs["value"], self.span(e), x.dtype.is_int)
+            return self.make("neg", (x,), {}, self.span(e))
+        if isinstance(e, ast.Pow):
+            return self._pow(e, env)
+        if isinstance(e, ast.BinOp):
+            a, b = self.expr(e.lhs, env), self.expr(e.rhs, env)
+            return self.make(e.op, (a, b), {}, self.span(e))
+        if isinstance(e, ast.Call):
+            return self._call(e, env)
+        raise AssertionError(f"unknown syntax node {e!r}")
+
+    def _number(self, e: ast.Num) -> Value:
+        if e.is_int and len(e.text) <= 10:
+            value = int(e.text)
+            if value < 2**31:
+                return self.const(value, self.span(e), True)
+        value = e.value
+        if value != value or value in (float("inf"), float("-inf")):
+            raise error("E212", f"the number {e.text[:40]} is too large for a float", e.span,
+                        "numbers are f64 literals; write a finite value")
+        return self.const(value, self.span(e))
+
+    def _name(self, e: ast.Name, env: dict[str, Value]) -> Value:
+        span = self.span(e)
+        if e.id in env:
+            return env[e.id]
+        keyword = P.KEYWORDS.get(e.id)
+        if keyword is not None and keyword.family is P.Family.SOURCE and keyword.name != "acc":
+            return self.make(keyword.name, (), {}, span)
+        if self.call_stack:
+            raise error("E201", f"unknown name '{e.id}' in definition '{self.call_stack[-1][0]}'", e.span,
+                        "a definition sees only its parameters, its own names and row/col")
+        found = self.scope.resolve(e.id, span)
+        if found is not None:
+            return found
+        if e.id in self.scope.defs:
+            raise error("E201", f"'{e.id}' is a definition; call it: {e.id}(...)", span)
+        raise error("E201", f"unknown name '{e.id}'", span, suggest(e.id, list(env) + self.scope.names()))
+
+    def _pow(self, e: ast.Pow, env) -> Value:
+        x = self.expr(e.base, env)
+        p = self.int_literal(e.exponent, env, "the exponent",
+                             "only integer powers are built in; write exp(y * log(x)) for others")
+        if abs(p) > 64:
+            raise error("E212", f"exponent {p} is too large (|p| <= 64)", e.exponent.span)
+        return self.make("powi", (x,), {"exp": p}, self.span(e))
+
+    def int_literal(self, e, env, what: str, hint: str) -> int:
+        v = self.expr(e, env)
+        if not P.is_literal(v) or not v.dtype.is_int:
+            raise error("E212", f"{what} must be an integer literal", getattr(e, "span", None), hint)
+        return int(v.attrs["value"])
+
+    def _call(self, e: ast.Call, env) -> Value:
+        f, span = e.func, self.span(e)
+        if f in self.scope.defs:
+            return self._inline(e, env)
+        c = P.call(f)
+        if c is None:
+            raise error("E211", f"unknown function '{f}'", span,
+                        suggest(f, list(self.scope.defs) + sorted(P.BUILTIN_NAMES)))
+        self._arity(e, c.arity)
+        n = c.primitive.arity
+        args = tuple(self.expr(a, env) for a in e.args[:n])
+        attrs = dict(c.attrs)
+        for name, a in zip(c.literal_args, e.args[n:]):
+            value = self.int_literal(a, env, f"the {name} size", f"e.g. {f}(x, 128)")
+            if value <= 0:
+                raise error("E212", f"the {name} size must be positive", a.span)
+            attrs[name] = value
+        p = c.primitive
+        if p.family is P.Family.PAIR and p.pair_part is not None and args[0].kind in (Kind.COL, Kind.SCALAR):
+            return args[0]   # constant along the row: both columns of every pair hold the same value
+        return self.make(p.name, args, attrs, span)
+
+    def _arity(self, e: ast.Call, n: int) -> None:
+        if e.kwargs:
+            raise error("E203", f"{e.func} takes no keyword arguments", e.kwarg_spans[next(iter(e.kwargs))])
+        if len(e.args) != n:
+            raise error("E203", f"{e.func} takes {n} argument{'s' if n != 1 else ''}, got {len(e.args)}", self.span(e))
+
+    # ------------------------------------------------------------------ definitions
+    def _inline(self, e: ast.Call, env) -> Value:
+        d = self.scope.defs[e.func]
+        span = self.span(e)
+        if any(name == d.name for name, _ in self.call_stack):
+            raise error("E210", f"'{d.name}' calls itself", e.span, "definitions are inlined, so they cannot recurse",
+                        [(self.call_stack[0][1], "expanded from this call")])
+        names = [p.name for p in d.params]
+        signature = f"{d.name}({', '.join(names)})"
+        if len(e.args) > len(names):
+            raise error("E203", f"{d.name} takes {len(names)} argument{'s' if len(names) != 1 else ''}, got "
+                        f"{len(e.args)}", span, signature)
+        bound: dict[str, Value] = {}
+        for p, a in zip(d.params, e.args):
+            bound[p.name] = self.expr(a, env)
+        for key, a in e.kwargs.items():
+            if key not in names:
+                raise error("E203", f"{d.name} has no parameter '{key}'", e.kwarg_spans[key], signature)
+            if key in bound:
+                raise error("E203", f"argument '{key}' given twice", e.kwarg_spans[key])
+            bound[key] = self.expr(a, env)
+        self.call_stack.append((d.name, span))
+        outermost = len(self.call_stack) == 1
+        if outermost:
+            self.origins += 1
+            self.origin = self.origins
+        try:
+            for p in d.params:
+                if p.name not in bound:
+                    if p.default is None:
+                        raise error("E203", f"{d.name} needs argument '{p.name}'", span, signature)
+                    bound[p.name] = self.expr(p.default, {})
+            key = (d.name, tuple(bound[n].id for n in names), self.origin if outermost else None)
+            if key in self.inlined:
+                return self.inlined[key]
+            local = dict(bound)
+            for let in d.lets:
+                if let.name in local:
+                    raise error("E202", f"'{let.name}' is assigned twice in '{d.name}'", let.span)
+                local[let.name] = self.expr(let.expr, local)
+            result = self.expr(d.result, local)
+            self.inlined[key] = result
+            return result
+        finally:
+            self.call_stack.pop()
+            if not self.call_stack:
+                self.origin = None
+
+
+def suggest(name: str, candidates: list[str]) -> str | None:
+    close = difflib.get_close_matches(name, candidates, n=1)
+    return f"did you mean '{close[0]}'?" if close else None

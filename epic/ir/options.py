@@ -1,0 +1,63 @@
+"""The vocabulary of a gemm's kernel options (`gemm g(...) with tile=128x256x64, schedule=pingpong`)
+and which values and combinations CUTLASS's sm90 kernels accept. The front end checks what a file
+says (with its location); the plan checks the final configuration (file, call overrides and
+heuristic together)."""
+from __future__ import annotations
+
+SCHEDULES = ("cooperative", "pingpong")
+AUX_LOADS = ("tma", "direct")
+RASTERS = ("heuristic", "m", "n")     # CUTLASS RasterOrderOptions: Heuristic, AlongM, AlongN
+SWIZZLES = (1, 2, 4, 8)
+TILE_M = (64, 128, 256)
+TILE_N = (64, 128, 192, 256)
+TILE_K = (64, 128)
+CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2))
+
+# options written as sizes: name -> (allowed numbers of parts, example)
+SIZE_OPTIONS = {"tile": ((2, 3), "128x128x64"), "cluster": ((2,), "2x1"), "epi_tile": ((2,), "128x64")}
+# options chosen from a set: name -> the spellings
+CHOICE_OPTIONS = {"schedule": SCHEDULES, "aux_load": AUX_LOADS, "raster": RASTERS,
+                  "swizzle": tuple(str(s) for s in SWIZZLES)}
+ALL_OPTIONS = (*SIZE_OPTIONS, *CHOICE_OPTIONS)
+
+
+def value_problem(key: str, value) -> str | None:
+    """What is wrong with one option's value on its own, or None."""
+    if key == "tile":
+        m, n, k = value
+        bad = [f"M must be {_or(TILE_M)}" if m not in TILE_M else None,
+               f"N must be {_or(TILE_N)}" if n not in TILE_N else None,
+               f"K must be {_or(TILE_K)}" if k not in TILE_K else None]
+        bad = [b for b in bad if b]
+        return f"tile {m}x{n}x{k}: " + "; ".join(bad) if bad else None
+    if key == "cluster" and tuple(value) not in CLUSTERS:
+        return "cluster must be " + _or(["x".join(map(str, c)) for c in CLUSTERS])
+    if key == "epi_tile":
+        em, en = value
+        if em not in (64, 128, 256) or en % 16 or not 16 <= en <= 256:
+            return ("the epilogue tile must be 64, 128 or 256 rows by a multiple of 16 columns up to 256 "
+                    f"(got {em}x{en})")
+    if key == "swizzle" and int(value) not in SWIZZLES:
+        return "swizzle must be " + _or(SWIZZLES)
+    return None
+
+
+def combination_problems(schedule: str, tile: tuple[int, int, int], epi_tile: tuple[int, int] | None) -> list[str]:
+    """What CUTLASS's sm90 schedules refuse in a complete configuration."""
+    m, n, _ = tile
+    out = []
+    if schedule == "cooperative" and m not in (128, 256):
+        out.append("the cooperative schedule needs tile M = 128 or 256")
+    if schedule == "pingpong" and m not in (64, 128):
+        out.append("the pingpong schedule needs tile M = 64 or 128")
+    if epi_tile is not None:
+        em, en = epi_tile
+        if m % em or n % en or em % (128 if schedule == "cooperative" else 64):
+            out.append(f"the epilogue tile {em}x{en} must divide the CTA tile {m}x{n}, with M a multiple of "
+                       f"{128 if schedule == 'cooperative' else 64} for the {schedule} schedule")
+    return out
+
+
+def _or(values) -> str:
+    values = [str(v) for v in values]
+    return ", ".join(values[:-1]) + " or " + values[-1] if len(values) > 1 else values[0]

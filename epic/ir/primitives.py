@@ -1,0 +1,491 @@
+"""One record per primitive operation and per reduction function: everything epic knows about each.
+
+Every stage reads these records and nothing else dispatches on op names: the front end (surface
+names, arity), typing (the type rule), the reference interpreter (float64 semantics), constant
+folding, the IR dump, the functor writer (C++ of one element), the combine kernels and reduction
+nodes (identity, merge, finalize), the byte ledger (cost) and the docs (`epic ops` prints the table;
+a test holds docs/LANGUAGE.md to it). Adding a primitive is adding a record (plus tests and a doc
+line); adding a reduction function is adding a `Reduction`.
+
+What the C++ may call: CUDA math functions (`logf`, `__expf`, ...) and the device helpers of
+epic/codegen/functor.py (`epic_tanh`, ...), which are printed only into kernels that use them.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .. import dtypes
+from ..dtypes import BOOL, F32, I32, DType
+from ..shapes import COL, SCALAR, TILE, Kind, Shape, broadcast
+
+
+class TypeRuleError(Exception):
+    """Why a primitive cannot take these operands: a diagnostic code and message, without a span
+    (the caller knows where the value came from and adds it)."""
+
+    def __init__(self, code: str, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.hint = code, message, hint
+
+
+class Family(enum.Enum):
+    """How a primitive relates to the tile: it decides the type rule's shape, how the interpreter
+    aligns operands, and which kind of code-generation node computes it."""
+    SOURCE = "source"            # no operands: the accumulator, a tensor load, a literal, a size, a coordinate
+    ELEMENTWISE = "elementwise"  # one value per element from the operands' elements
+    COMPARE = "compare"          # element-wise, result bool (usable only in select)
+    SELECT = "select"
+    CAST = "cast"                # round to a dtype (saturating for fp8 and integers)
+    PAIR = "pair"                # over adjacent column pairs (2k, 2k+1): the width changes
+    REDUCE = "reduce"            # a whole row (-> column vector) or column (-> row vector)
+    BLOCK = "block"              # each 1xB block of a row
+    PARTIAL = "partial"          # per-tile partial results of a reduction (made by split-reductions)
+    COMBINE = "combine"          # partials merged (in a combine kernel)
+
+
+COSTLY = 4   # cost at which a value shared by several outputs is computed once, not recomputed
+
+
+@dataclass(frozen=True)
+class Primitive:
+    name: str                           # the op name in the IR
+    family: Family
+    arity: int
+    rule: Callable                      # (args, attrs) -> (DType, Shape); raises TypeRuleError
+    # float64 semantics. Pure ops: (xs, attrs) -> tensor, xs already aligned to one shape.
+    # context=True: (interpreter, value, xs) -> tensor, for ops that need sizes, tensors or the tile.
+    ref: Callable | None = None
+    context: bool = False
+    cxx: str | Callable | None = None   # C++ of one element: "expf({0})", or (operands, attrs) -> str
+    cxx_fast: str | None = None         # used when the result feeds only stores of <= 8 mantissa bits
+    cxx_helpers: tuple[str, ...] = ()   # device functions its C++ calls (names in HELPERS below)
+    surface: tuple[str, ...] = ()       # names users call: exp(x); dtype names call cast
+    operator: str | None = None         # infix or prefix spelling: "+", "-x", "**"
+    keyword: str | None = None          # a bare name that means this value: `row`, `col`
+    cost: int = 1                       # per element, in FMA-equivalents (a MUFU op ~4)
+    fold: bool = False                  # constant folding may evaluate it
+    int_results: bool = False           # integer operands give an integer (neg, abs, powi, sign)
+    reads: str | None = None            # attribute naming the tensor it reads (load, combine)
+    pair_part: int | None = None        # PAIR: 0 = even columns, 1 = odd columns, None = interleave
+    algebra: str | None = None          # for defer-row-scale: product, quotient, negation, power
+    show: Callable = field(default=lambda attrs: "")   # attribute text in IR dumps
+    doc: str = ""
+
+    @property
+    def costly(self) -> bool:
+        return self.cost >= COSTLY
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A reduction function: how it reduces a whole row, a column or a block, how deterministic
+    per-tile partials of it are made and merged (reference and C++), and its state (one value, or
+    the online log-sum-exp pair (max, sum of exp(x - max)))."""
+    name: str
+    identity: tuple[float, ...]         # one per state component: what an empty tile holds
+    ref: Callable                       # (x, dim) -> the reduction along dim, keepdim
+    ref_partial: Callable               # (x [..., size]) -> the state over the last dim ([...] or [..., 2])
+    ref_merge: Callable                 # (state, dim) -> the value, states merged along dim (keepdim)
+    cxx_merge: str                      # C++ merging partial {x0}.. into accumulator {a0}..
+    cxx_finalize: str                   # C++ of the result from the accumulators
+    cxx_op: str | None = None           # CUTLASS functor of a stock Sm90Row/ColReduction (None: custom node)
+    pre: str | None = None              # primitive applied to each element first (amax: abs)
+    by_width: bool = False              # mean: the merged sum is divided by the reduced width
+    axes: tuple[str, ...] = ("row", "col")
+    block: bool = True                  # block_NAME(x, B) exists
+    doc: str = ""
+
+    @property
+    def state(self) -> int:
+        return len(self.identity)
+
+
+# ------------------------------------------------------------------------------------------ type rules
+def _numeric(v, what: str) -> None:
+    if v.dtype is BOOL:
+        raise TypeRuleError("E205", f"{what} needs a number, got a comparison result (bool)",
+                            "use select(cond, a, b) to turn a condition into a value")
+
+
+def _lined_up(what: str, *shapes: Shape) -> Shape:
+    shape = shapes[0]
+    for s in shapes[1:]:
+        shape = broadcast(shape, s)
+        if isinstance(shape, str):
+            raise TypeRuleError("E207", f"operands of {what} do not line up: {shape}",
+                                "both sides must have the same width: after even/odd or swiglu a tile is "
+                                "half as wide as the accumulator")
+    return shape
+
+
+def _unary_rule(name: str, int_results: bool):
+    def rule(args, attrs):
+        (x,) = args
+        _numeric(x, name)
+        return (I32 if int_results and x.dtype.is_int else F32), x.shape
+    return rule
+
+
+def _binary_rule(name: str, always_float: bool = False):
+    def rule(args, attrs):
+        a, b = args
+        _numeric(a, name)
+        _numeric(b, name)
+        shape = _lined_up(name, a.shape, b.shape)
+        return (F32 if always_float else dtypes.promote(a.dtype, b.dtype)), shape
+    return rule
+
+
+def _compare_rule(name: str):
+    def rule(args, attrs):
+        a, b = args
+        if (a.dtype is BOOL) != (b.dtype is BOOL):
+            raise TypeRuleError("E205", "comparison of a bool with a number")
+        return BOOL, _lined_up(name, a.shape, b.shape)
+    return rule
+
+
+def _select_rule(args, attrs):
+    c, a, b = args
+    if c.dtype is not BOOL:
+        raise TypeRuleError("E205", "the first argument of select must be a comparison", "write select(x > 0, a, b)")
+    _numeric(a, "select")
+    _numeric(b, "select")
+    return dtypes.promote(a.dtype, b.dtype), _lined_up("select", c.shape, a.shape, b.shape)
+
+
+def _cast_rule(args, attrs):
+    (x,) = args
+    _numeric(x, "a cast")
+    return attrs["to"], x.shape
+
+
+def _pair_rule(name: str, part: int | None):
+    def rule(args, attrs):
+        for x in args:
+            _numeric(x, name)
+        shape = _lined_up(name, *(x.shape for x in args))
+        if not shape.has_columns or shape.kind is Kind.BLOCK:
+            raise TypeRuleError("E206", f"{name} works on adjacent column pairs (2k, 2k+1), but its operand is a "
+                                f"{shape.describe()}", "apply it to a tile or a row vector")
+        if part is None:
+            return dtypes.promote(args[0].dtype, args[1].dtype), Shape(shape.kind, shape.width * 2)
+        return args[0].dtype, Shape(shape.kind, shape.width / 2)
+    return rule
+
+
+def _reduce_rule(args, attrs):
+    (x,) = args
+    what = f"{attrs['axis']}_{attrs['fn']}"
+    _numeric(x, what)
+    if x.kind is not Kind.TILE:
+        raise TypeRuleError("E206", f"{what} reduces a tile, but its operand is a {x.shape.describe()}",
+                            "a row vector already has one value per column and a column vector one per row")
+    return F32, (COL if attrs["axis"] == "row" else Shape(Kind.ROW, x.shape.width))
+
+
+def _block_rule(args, attrs):
+    (x,) = args
+    _numeric(x, f"block_{attrs['fn']}")
+    if x.kind is not Kind.TILE:
+        raise TypeRuleError("E206", f"block_{attrs['fn']} reduces 1x{attrs['block']} blocks of a tile's rows, "
+                            f"but its operand is a {x.shape.describe()}")
+    return F32, Shape(Kind.BLOCK, x.shape.width, attrs["block"])
+
+
+PARTIAL_SHAPE = Shape(Kind.PARTIAL)
+
+
+def _partial_rule(args, attrs):
+    (x,) = args
+    if x.kind is not Kind.TILE:
+        raise TypeRuleError("E206", "per-tile partials reduce a tile")
+    return F32, PARTIAL_SHAPE
+
+
+def _combine_rule(args, attrs):
+    return F32, (COL if attrs["axis"] == "row" else Shape(Kind.ROW, attrs["of_width"]))
+
+
+def _fixed(dtype: DType, shape: Shape):
+    return lambda args, attrs: (dtype, shape)
+
+
+def _from_attrs(args, attrs):
+    return attrs["dtype"], attrs["shape"]
+
+
+# ------------------------------------------------------------------------------------------ reference
+def _powi(x, p: int):
+    return x ** p if p >= 0 else 1.0 / x ** (-p)
+
+
+def _cxx_powi(xs, attrs) -> str:
+    p = attrs["exp"]
+    if p == 0:
+        return "1.0f"
+    prod = " * ".join([xs[0]] * abs(p))
+    return f"({prod})" if p > 0 else f"(1.0f / ({prod}))"
+
+
+def _fmt_num(x) -> str:
+    return repr(int(x)) if float(x) == int(x) and abs(x) < 2**53 else repr(float(x))
+
+
+def _elementwise(name, arity, ref, cxx, *, cost=1, cxx_fast=None, helpers=(), surface=(), operator=None,
+                 algebra=None, int_results=False, doc=""):
+    rule = _unary_rule(name, int_results) if arity == 1 else _binary_rule(name, always_float=name == "div")
+    return Primitive(name, Family.ELEMENTWISE, arity, rule, ref=ref, cxx=cxx, cxx_fast=cxx_fast,
+                     cxx_helpers=tuple(helpers), surface=surface, operator=operator, cost=cost, fold=True,
+                     int_results=int_results, algebra=algebra, doc=doc)
+
+
+# Device functions a primitive's C++ may call: printed into a generated kernel only when it calls
+# them (so adding one does not change, and rebuild, every cached kernel). name -> (code, needs).
+HELPERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "epic_reduce_2pi": (r"""
+// sin/cos of large angles (RoPE: position * frequency): Cody-Waite reduction by 2*pi, then the fast
+// intrinsic; absolute error ~1e-7 for |x| < 1e5, far below bf16 output precision.
+__device__ __forceinline__ float epic_reduce_2pi(float x) {
+  float k = rintf(x * 0.15915494309189535f);
+  x = fmaf(-k, 6.28318548202514648f, x);
+  return fmaf(-k, -1.7484556e-07f, x);
+}""", ()),
+    "epic_sin": (r"""
+__device__ __forceinline__ float epic_sin(float x) { return __sinf(epic_reduce_2pi(x)); }""", ("epic_reduce_2pi",)),
+    "epic_cos": (r"""
+__device__ __forceinline__ float epic_cos(float x) { return __cosf(epic_reduce_2pi(x)); }""", ("epic_reduce_2pi",)),
+    "epic_tanh": (r"""
+// tanh from one fast exponential: 1 - 2 / (exp(2|x|) + 1) keeps ~1e-7 absolute error near +-1 (so
+// 1 + tanh(x) stays accurate in GELU's tail, unlike tanh.approx), and a short series near 0.
+__device__ __forceinline__ float epic_tanh(float x) {
+  float a = fabsf(x);
+  float t = a < 0.004f ? a * (1.f - a * a * (1.f / 3.f)) : 1.f - 2.f / (__expf(2.f * a) + 1.f);
+  return copysignf(t, x);
+}""", ()),
+    "epic_sign": (r"""
+// -1 or +1, and x itself at +-0 and nan (so the sign of zero is kept and nan stays nan)
+__device__ __forceinline__ float epic_sign(float x) { return x > 0.f ? 1.f : (x < 0.f ? -1.f : x); }""", ()),
+}
+
+
+def _sign(x, a):
+    # -1, +1, and the operand itself at 0, -0 and nan (so the sign of zero is kept)
+    return torch.where(x > 0, torch.ones_like(x), torch.where(x < 0, -torch.ones_like(x), x))
+
+
+_PRIMS = [
+    # ---- sources (operand-free values); their meaning needs the interpreter's context
+    Primitive("acc", Family.SOURCE, 0, _fixed(F32, TILE), ref=lambda it, v, xs: it.accumulator(), context=True,
+              keyword="acc", doc="the f32 accumulator tile of the gemm"),
+    Primitive("load", Family.SOURCE, 0, _from_attrs, ref=lambda it, v, xs: it.load(v), context=True,
+              reads="tensor", show=lambda a: a["tensor"], doc="a program input or an earlier gemm's stored tensor"),
+    Primitive("const", Family.SOURCE, 0, lambda args, attrs: (attrs["dtype"], SCALAR),
+              ref=lambda it, v, xs: torch.tensor(float(v.attrs["value"]), dtype=torch.float64), context=True,
+              show=lambda a: _fmt_num(a["value"]) if a["dtype"].is_int else repr(float(a["value"])),
+              doc="a literal number"),
+    Primitive("dim", Family.SOURCE, 0, _fixed(I32, SCALAR), ref=lambda it, v, xs: it.dim_value(v.attrs["dim"]),
+              context=True, show=lambda a: str(a["dim"]), doc="a dimension's size (D, 2*F) used as a value"),
+    Primitive("row_index", Family.SOURCE, 0, _fixed(I32, COL), ref=lambda it, v, xs: it.coordinate("row"),
+              context=True, keyword="row", cost=0, doc="the row index of each element (a column vector)"),
+    Primitive("col_index", Family.SOURCE, 0, _fixed(I32, Shape(Kind.ROW)), ref=lambda it, v, xs: it.coordinate("col"),
+              context=True, keyword="col", cost=0, doc="the column index of each element (a row vector)"),
+
+    # ---- element-wise: unary
+    _elementwise("neg", 1, lambda xs, a: -xs[0], "(-{0})", operator="-x", algebra="negation", int_results=True,
+                 doc="negation"),
+    _elementwise("abs", 1, lambda xs, a: xs[0].abs(), "fabsf({0})", surface=("abs",), int_results=True,
+                 doc="absolute value"),
+    _elementwise("exp", 1, lambda xs, a: xs[0].exp(), "__expf({0})", cost=4, surface=("exp",), doc="e ** x"),
+    _elementwise("log", 1, lambda xs, a: xs[0].log(), "logf({0})", cost=8, surface=("log",),
+                 doc="natural logarithm (-inf at 0, nan below)"),
+    _elementwise("log1p", 1, lambda xs, a: torch.log1p(xs[0]), "log1pf({0})", cost=8, surface=("log1p",),
+                 doc="log(1 + x), accurate near 0"),
+    _elementwise("expm1", 1, lambda xs, a: torch.expm1(xs[0]), "expm1f({0})", cost=8, surface=("expm1",),
+                 doc="exp(x) - 1, accurate near 0"),
+    _elementwise("sqrt", 1, lambda xs, a: xs[0].sqrt(), "sqrtf({0})", cost=4, surface=("sqrt",), doc="square root"),
+    _elementwise("rsqrt", 1, lambda xs, a: xs[0].rsqrt(), "rsqrtf({0})", cost=4, surface=("rsqrt",),
+                 doc="1 / sqrt(x)"),
+    _elementwise("tanh", 1, lambda xs, a: xs[0].tanh(), "epic_tanh({0})", cost=6, helpers=("epic_tanh",), surface=("tanh",),
+                 doc="hyperbolic tangent"),
+    _elementwise("erf", 1, lambda xs, a: torch.erf(xs[0]), "erff({0})", cost=8, surface=("erf",),
+                 doc="error function"),
+    _elementwise("sin", 1, lambda xs, a: xs[0].sin(), "epic_sin({0})", cost=6, helpers=("epic_sin",), surface=("sin",),
+                 doc="sine (radians)"),
+    _elementwise("cos", 1, lambda xs, a: xs[0].cos(), "epic_cos({0})", cost=6, helpers=("epic_cos",), surface=("cos",),
+                 doc="cosine (radians)"),
+    _elementwise("round", 1, lambda xs, a: torch.round(xs[0]), "rintf({0})", surface=("round",),
+                 doc="round to the nearest integer, ties to even"),
+    _elementwise("sign", 1, _sign, "epic_sign({0})", helpers=("epic_sign",), surface=("sign",), int_results=True,
+                 doc="-1, 0 or +1 (zero keeps its sign; nan stays nan)"),
+    Primitive("powi", Family.ELEMENTWISE, 1, _unary_rule("powi", True),
+              ref=lambda xs, a: _powi(xs[0], a["exp"]), cxx=_cxx_powi, operator="x ** n", fold=True,
+              int_results=True, algebra="power", show=lambda a: str(a["exp"]),
+              doc="integer power (n an integer literal from -64 to 64)"),
+
+    # ---- element-wise: binary
+    _elementwise("add", 2, lambda xs, a: xs[0] + xs[1], "({0} + {1})", operator="+", doc="addition"),
+    _elementwise("sub", 2, lambda xs, a: xs[0] - xs[1], "({0} - {1})", operator="-", doc="subtraction"),
+    _elementwise("mul", 2, lambda xs, a: xs[0] * xs[1], "({0} * {1})", operator="*", algebra="product",
+                 doc="multiplication"),
+    _elementwise("div", 2, lambda xs, a: xs[0] / xs[1], "({0} / {1})", cxx_fast="__fdividef({0}, {1})", cost=4,
+                 operator="/", algebra="quotient", doc="division (always f32)"),
+    _elementwise("min", 2, lambda xs, a: torch.minimum(xs[0], xs[1]), "fminf({0}, {1})", surface=("min",),
+                 doc="the smaller operand"),
+    _elementwise("max", 2, lambda xs, a: torch.maximum(xs[0], xs[1]), "fmaxf({0}, {1})", surface=("max",),
+                 doc="the larger operand"),
+
+    # ---- comparisons (bool results, usable in select)
+    *[Primitive(n, Family.COMPARE, 2, _compare_rule(n), ref=r, cxx=f"({{0}} {s} {{1}})", operator=s,
+                doc=f"comparison {s}")
+      for n, s, r in (("eq", "==", lambda xs, a: xs[0] == xs[1]), ("ne", "!=", lambda xs, a: xs[0] != xs[1]),
+                      ("lt", "<", lambda xs, a: xs[0] < xs[1]), ("le", "<=", lambda xs, a: xs[0] <= xs[1]),
+                      ("gt", ">", lambda xs, a: xs[0] > xs[1]), ("ge", ">=", lambda xs, a: xs[0] >= xs[1]))],
+    Primitive("select", Family.SELECT, 3, _select_rule, ref=lambda xs, a: torch.where(xs[0], xs[1], xs[2]),
+              cxx="({0} ? {1} : {2})", surface=("select",), doc="select(cond, a, b): a where cond holds, else b"),
+
+    # ---- casts: surface names are the dtype names (f32(x), bf16(x), e4m3(x), ...)
+    Primitive("cast", Family.CAST, 1, _cast_rule, ref=lambda it, v, xs: it.round(xs[0], v.attrs["to"]),
+              context=True, show=lambda a: str(a["to"]),
+              doc="round to a dtype: fp8 and integer casts saturate, integers round half to even"),
+
+    # ---- pairwise maps over adjacent columns
+    Primitive("even", Family.PAIR, 1, _pair_rule("even", 0), ref=lambda it, v, xs: it.pair_part(v, xs[0], 0),
+              context=True, surface=("even",), pair_part=0, cost=0, doc="columns 2k (the width halves)"),
+    Primitive("odd", Family.PAIR, 1, _pair_rule("odd", 1), ref=lambda it, v, xs: it.pair_part(v, xs[0], 1),
+              context=True, surface=("odd",), pair_part=1, cost=0, doc="columns 2k+1 (the width halves)"),
+    Primitive("interleave", Family.PAIR, 2, _pair_rule("interleave", None),
+              ref=lambda xs, a: torch.stack(torch.broadcast_tensors(xs[0], xs[1]), dim=-1).flatten(-2),
+              surface=("interleave",), cost=0, doc="columns a0 b0 a1 b1 ... (the width doubles)"),
+
+    # ---- reductions; the function (sum, max, ...) is an attribute naming a Reduction below
+    Primitive("reduce", Family.REDUCE, 1, _reduce_rule, ref=lambda it, v, xs: it.reduce(v, xs[0]), context=True,
+              show=lambda a: f"{a['axis']} {a['fn']}", doc="a whole row (-> column vector) or column (-> row vector)"),
+    Primitive("block_reduce", Family.BLOCK, 1, _block_rule, ref=lambda it, v, xs: it.block_reduce(v, xs[0]),
+              context=True, show=lambda a: f"{a['fn']} 1x{a['block']}", doc="each 1xB block of a row"),
+    Primitive("partial", Family.PARTIAL, 1, _partial_rule, ref=lambda it, v, xs: it.partial(v, xs[0]),
+              context=True, show=lambda a: f"{a['axis']} {a['fn']} -> {a['buffer']}",
+              doc="per-tile partials of a reduction (split-reductions)"),
+    Primitive("combine", Family.COMBINE, 0, _combine_rule, ref=lambda it, v, xs: it.combine(v), context=True,
+              reads="buffer", show=lambda a: f"{a['axis']} {a['fn']} <- {a['buffer']}",
+              doc="partials merged in tile order (a combine kernel)"),
+]
+
+PRIMITIVES: dict[str, Primitive] = {p.name: p for p in _PRIMS}
+
+
+# ------------------------------------------------------------------------------------------ reductions
+def _guarded_exp(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """exp(x - m) with exp(-inf - -inf) taken as 0: an empty side contributes nothing."""
+    return torch.where(torch.isneginf(m), torch.zeros_like(x), torch.exp(x - m))
+
+
+def _lse_partial(x: torch.Tensor) -> torch.Tensor:
+    mx = x.amax(-1)
+    return torch.stack((mx, _guarded_exp(x, mx.unsqueeze(-1)).sum(-1)), dim=-1)
+
+
+def _lse_merge(state: torch.Tensor, dim: int) -> torch.Tensor:
+    mx, se = state[..., 0], state[..., 1]
+    big = mx.amax(dim, keepdim=True)
+    total = (se * _guarded_exp(mx, big)).sum(dim, keepdim=True)
+    return big + torch.log(total)
+
+
+_SUM = dict(ref=lambda x, d: x.sum(d, keepdim=True), ref_partial=lambda x: x.sum(-1),
+            ref_merge=lambda s, d: s.sum(d, keepdim=True), cxx_merge="{a0} += {x0};", cxx_op="cutlass::plus")
+_MAX = dict(ref=lambda x, d: x.amax(d, keepdim=True), ref_partial=lambda x: x.amax(-1),
+            ref_merge=lambda s, d: s.amax(d, keepdim=True), cxx_merge="{a0} = fmaxf({a0}, {x0});",
+            cxx_op="cutlass::maximum")
+
+REDUCTIONS: dict[str, Reduction] = {r.name: r for r in (
+    Reduction("sum", (0.0,), cxx_finalize="{a0}", doc="sum", **_SUM),
+    Reduction("mean", (0.0,), cxx_finalize="{a0}", by_width=True, block=False, doc="mean",
+              **dict(_SUM, ref=lambda x, d: x.mean(d, keepdim=True))),
+    Reduction("max", (-math.inf,), cxx_finalize="{a0}", doc="largest value", **_MAX),
+    Reduction("min", (math.inf,), ref=lambda x, d: x.amin(d, keepdim=True), ref_partial=lambda x: x.amin(-1),
+              ref_merge=lambda s, d: s.amin(d, keepdim=True), cxx_merge="{a0} = fminf({a0}, {x0});",
+              cxx_finalize="{a0}", cxx_op="cutlass::minimum", doc="smallest value"),
+    Reduction("amax", (0.0,), cxx_finalize="{a0}", pre="abs", doc="largest absolute value (max(abs(x)))",
+              **dict(_MAX, ref=lambda x, d: x.abs().amax(d, keepdim=True))),
+    Reduction("lse", (-math.inf, 0.0), ref=lambda x, d: torch.logsumexp(x, d, keepdim=True),
+              ref_partial=_lse_partial, ref_merge=_lse_merge, block=False,
+              cxx_merge=("{{ float m_ = fmaxf({a0}, {x0}); "
+                         "{a1} = ({a0} == -INFINITY ? 0.f : {a1} * __expf({a0} - m_)) "
+                         "+ ({x0} == -INFINITY ? 0.f : {x1} * __expf({x0} - m_)); {a0} = m_; }}"),
+              cxx_finalize="({a0} + logf({a1}))",
+              doc="log-sum-exp, merged online from (max, sum of exp(x - max)) pairs"),
+)}
+
+
+# ------------------------------------------------------------------------------------------ lookups
+def prim(op: str) -> Primitive:
+    return PRIMITIVES[op]
+
+
+def family(op: str) -> Family:
+    return PRIMITIVES[op].family
+
+
+def reduction(fn: str) -> Reduction:
+    return REDUCTIONS[fn]
+
+
+def is_accumulator(op: str) -> bool:
+    return op == "acc"
+
+
+def is_literal(v) -> bool:
+    """A literal number (a `const` value): its value is v.attrs["value"]."""
+    return v.op == "const"
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a function name written in a program means: a primitive with fixed attributes, and the
+    names of trailing integer-literal arguments that become attributes (block_max(x, 128))."""
+    primitive: Primitive
+    attrs: dict
+    literal_args: tuple[str, ...] = ()
+
+    @property
+    def arity(self) -> int:
+        return self.primitive.arity + len(self.literal_args)
+
+
+def _calls() -> dict[str, Call]:
+    out: dict[str, Call] = {}
+    for p in _PRIMS:
+        for s in p.surface:
+            out[s] = Call(p, {})
+    for dt in dtypes.ALL.values():
+        if dt is not BOOL:
+            out[dt.name] = Call(PRIMITIVES["cast"], {"to": dt})
+    for r in REDUCTIONS.values():
+        for axis in r.axes:
+            out[f"{axis}_{r.name}"] = Call(PRIMITIVES["reduce"], {"axis": axis, "fn": r.name})
+        if r.block:
+            out[f"block_{r.name}"] = Call(PRIMITIVES["block_reduce"], {"fn": r.name}, ("block",))
+    return out
+
+
+CALLS: dict[str, Call] = _calls()
+KEYWORDS: dict[str, Primitive] = {p.keyword: p for p in _PRIMS if p.keyword}
+BUILTIN_NAMES = set(CALLS) | set(KEYWORDS)
+RESERVED = {"acc", "row", "col", "in", "out", "tmp", "def", "gemm", "with", "use", "return"}
+
+
+def call(name: str) -> Call | None:
+    """The primitive a function name calls (dtype names call the cast), or None."""
+    if name in CALLS:
+        return CALLS[name]
+    dt = dtypes.lookup(name)
+    if dt is not None and dt is not BOOL:
+        return Call(PRIMITIVES["cast"], {"to": dt})
+    return None
+

@@ -1,0 +1,76 @@
+"""Binding a program to one input signature: the plan at those sizes, the built libraries of its
+kernels, and per kernel launch what it needs except the pointers (which change per call)."""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from .. import sizes as sizes_mod
+from ..codegen import evt
+from ..plan import planner
+from . import loader
+
+
+@dataclass
+class Launch:
+    """One kernel launch of a bound plan: everything but the pointers is fixed by the signature."""
+    library: loader.KernelLibrary
+    pointer_tensors: list[str]          # tensor name per pointer ("" for an unused D)
+    dims: list[int]
+    scalars: list                       # floats (dimension sizes) or names of scalar inputs
+    workspace: int
+
+    def __post_init__(self):
+        self.c_dims = (ctypes.c_longlong * len(self.dims))(*self.dims)
+        self.runtime_scalars = any(isinstance(v, str) for v in self.scalars)
+        self.c_scalars = None if self.runtime_scalars else (ctypes.c_float * max(1, len(self.scalars)))(*self.scalars)
+
+
+@dataclass
+class Bound:
+    """A program bound to one input signature (shapes, dtypes, strides, device)."""
+    device: torch.device
+    tensor_names: list[str]
+    scalar_names: list[str]
+    allocations: list[planner.Buffer]
+    launches: list[Launch]
+    outputs: list[str]
+    keep: list[str]
+    plan: planner.Plan
+
+
+def bind(plan: planner.Plan, libraries: list, device: torch.device) -> Bound:
+    """libraries: (spec, KernelLibrary) per kernel of the plan's program, in order."""
+    program, sizes = plan.program, plan.sizes
+    launches = []
+    for (spec, lib), k in zip(libraries, program.kernels):
+        m, n = sizes_mod.evaluate(k.rows, sizes), sizes_mod.evaluate(k.n, sizes)
+        if isinstance(spec, evt.KernelSpec):
+            cfg = plan.configs[k.name]
+            dims = [m, n, sizes_mod.evaluate(k.k, sizes), cfg.swizzle, cfg.raster_code]
+        else:
+            cfg = plan.configs[k.source]
+            dims = [m, n, cfg.tile_m, cfg.tile_n]
+        with torch.cuda.device(device):
+            ws = lib.workspace_size(dims)
+        launches.append(Launch(lib, [p.tensor for p in spec.pointers], dims,
+                               [float(sizes_mod.evaluate(s.dim, sizes)) if s.dim is not None else s.name
+                                for s in spec.scalars], ws))
+    allocations = plan.allocations()
+    return Bound(device, [t.name for t in program.inputs() if not t.is_scalar],
+                 [t.name for t in program.inputs() if t.is_scalar], allocations, launches,
+                 [t.name for t in program.outputs()], [b.name for b in allocations], plan)
+
+
+def allocate(buffer: planner.Buffer, device, poison: bool) -> torch.Tensor:
+    """A buffer of the plan; poisoned with NaN (a sentinel byte for integers) so unwritten elements show."""
+    dtype = getattr(torch, buffer.torch_dtype)
+    if not poison:
+        return torch.empty(buffer.shape, dtype=dtype, device=device)
+    if dtype.is_floating_point and dtype.itemsize >= 2:
+        return torch.full(buffer.shape, float("nan"), dtype=dtype, device=device)
+    out = torch.empty(buffer.shape, dtype=dtype, device=device)
+    out.view(torch.uint8).fill_(0x7F if not dtype.is_floating_point else 0xFF)   # fp8: a NaN pattern
+    return out

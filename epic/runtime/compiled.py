@@ -1,0 +1,132 @@
+"""The Python API: epic.compile(path_or_source) -> CompiledProgram; program(**tensors) -> outputs.
+
+A call validates every tensor (presence, dtype, device, shape, strides, 16-byte alignment) before
+anything launches, solves the dimension sizes, picks the plan for those sizes (cached per input
+signature), builds or loads each kernel from the on-disk cache, allocates what the plan says, and
+launches the plan's kernels in order on the current CUDA stream. Compiling checks, rewrites and
+plans only: code generation (and its refusals, E702) happens when kernels are first built.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .. import pipeline, reference
+from ..codegen import emit
+from ..ir.core import Tensor
+from ..plan import planner
+from . import binding, build, custom_op, loader
+from .validate import scalar_value, signature, validate
+
+
+def compile(path_or_source: str, config: dict[str, dict] | None = None) -> "CompiledProgram":
+    """Parse, check and rewrite a program (a path to an .epi file, or its text). Kernels are built
+    lazily on the first call for a given row count (or ahead with CompiledProgram.build).
+    config: per-gemm overrides, e.g. {"o_proj": {"tile": (128, 128, 64), "schedule": "cooperative"}}."""
+    return CompiledProgram(pipeline.analyze(path_or_source), config)
+
+
+def _current_stream(device: torch.device) -> int:
+    """The raw cudaStream_t of the current stream (torch's internal accessor is ~10x cheaper than
+    torch.cuda.current_stream(); fall back to the public API where it is missing)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+class CompiledProgram:
+    def __init__(self, analysis, config: dict[str, dict] | None = None):
+        self.analysis = analysis
+        self.program = analysis.program
+        self.config = config or {}
+        self._bound: dict[tuple, binding.Bound] = {}     # input signature -> bound plan
+        self._libraries: dict[tuple, list] = {}          # kernel configurations -> (spec, library) per kernel
+        self._lock = threading.Lock()
+        self._op = None
+
+    # ------------------------------------------------------------------ information
+    @property
+    def inputs(self) -> list[Tensor]:
+        return self.program.inputs()
+
+    @property
+    def outputs(self) -> list[Tensor]:
+        return self.program.outputs()
+
+    def plan(self, sizes: dict[str, int]) -> planner.Plan:
+        return planner.make_plan(self.program, sizes, self.config)
+
+    def units(self, sizes: dict[str, int] | None = None) -> list:
+        """(spec, translation unit) of every kernel for these sizes (default: the large-M configuration);
+        raises E702 for what code generation does not support yet."""
+        m = emit.rows(self.program, sizes)
+        return emit.units(self.program, emit.kernel_configs(self.program, m, self.config))
+
+    def build(self, sizes: dict[str, int] | None = None, jobs: int | None = None) -> list:
+        """Build every kernel for these sizes (default: the large-M configuration); no GPU needed."""
+        return build.build_all([u for _, u in self.units(sizes)], jobs)
+
+    def reference(self, exact: bool = True, **tensors) -> dict[str, torch.Tensor]:
+        """The float64 reference interpreter on the same inputs (on the CPU)."""
+        return reference.run(self.analysis.source_program, tensors, exact=exact)
+
+    # ------------------------------------------------------------------ running
+    def __call__(self, *, poison: bool = False, keep: bool = False, **args) -> dict[str, torch.Tensor]:
+        """Run the program; returns its outputs by name.
+        poison=True fills every output and buffer with NaN (a sentinel for integers) before launching,
+            so that elements the kernels fail to write show up;
+        keep=True also returns the intermediate tensors (tmp, deferred scales, per-tile partials).
+        The first call with given shapes/dtypes/strides validates everything and binds a plan; later
+        calls with the same signature re-check alignment and scalar values (pointers change, layouts
+        do not)."""
+        key = signature(args)
+        bound = self._bound.get(key)
+        if bound is None:
+            _, _, device, sizes = validate(self.program, args)
+            bound = self._bind(sizes, device)
+            self._bound[key] = bound
+        else:
+            for name in bound.tensor_names:
+                if args[name].data_ptr() % 16:
+                    validate(self.program, args)          # reports E606 with the declaration's span
+        scalars = {t.name: scalar_value(t, args.get(t.name)) for t in self.inputs if t.is_scalar}
+        buffers = {name: args[name] for name in bound.tensor_names}
+        for b in bound.allocations:
+            buffers[b.name] = binding.allocate(b, bound.device, poison)
+        stream = _current_stream(bound.device)
+        for launch in bound.launches:
+            ptrs = [buffers[n].data_ptr() if n else 0 for n in launch.pointer_tensors]
+            values = launch.c_scalars
+            if launch.runtime_scalars:
+                values = [v if isinstance(v, float) else scalars[v] for v in launch.scalars]
+            if launch.workspace:
+                ws = torch.empty(launch.workspace, dtype=torch.uint8, device=bound.device)
+                launch.library.launch(ptrs, launch.c_dims, values, stream, ws.data_ptr(), launch.workspace)
+            else:
+                launch.library.launch(ptrs, launch.c_dims, values, stream)
+        names = bound.keep if keep else bound.outputs
+        return {n: buffers[n] for n in names}
+
+    def _bind(self, sizes: dict[str, int], device) -> binding.Bound:
+        plan = planner.make_plan(self.program, sizes, self.config)
+        key = tuple(sorted((k, str(c)) for k, c in plan.configs.items()))
+        with self._lock:
+            if key not in self._libraries:
+                pairs = emit.units(self.program, plan.configs)
+                paths = build.build_all([u for _, u in pairs])
+                self._libraries[key] = [(spec, loader.load(path, [f"{p.role}:{p.tensor}" for p in spec.pointers]))
+                                        for (spec, _), path in zip(pairs, paths)]
+        return binding.bind(plan, self._libraries[key], device)
+
+    # ------------------------------------------------------------------ torch integration
+    def torch_op(self):
+        """This program as a torch custom op (torch.library), usable inside torch.compile'd code:
+        op(**inputs) -> dict of outputs, like calling the program."""
+        if self._op is None:
+            self._op = custom_op.register(self)
+        return self._op
+
+
+__all__ = ["compile", "CompiledProgram"]

@@ -1,0 +1,98 @@
+"""Checking what a caller hands to a compiled program, before anything launches: names, scalar
+values, dtypes, shapes (solving the dimension sizes), layout rules at those sizes, strides,
+16-byte alignment, and the device -- in the order a user fixes them. Each failure is an E6xx
+diagnostic pointing at the declaration."""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from .. import sizes as sizes_mod
+from ..checks import layout
+from ..diagnostics import EpicError, error
+from ..ir.core import Program, Tensor
+
+
+def scalar_value(t: Tensor, value) -> float:
+    """A runtime scalar argument as a float (None means: use the default)."""
+    if value is None:
+        if t.default is None:
+            raise error("E601", f"missing scalar '{t.name}'", t.span, f"pass {t.name}=<number>")
+        return float(t.default)
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
+            raise error("E603", f"scalar '{t.name}' must be one real number, got a {value.dtype} tensor of shape "
+                        f"{tuple(value.shape)}", t.span)
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise error("E603", f"scalar '{t.name}' must be a real number, got {type(value).__name__}", t.span)
+    value = float(value)
+    if not math.isfinite(value):
+        raise error("E603", f"scalar '{t.name}' must be finite, got {value}", t.span)
+    return value
+
+
+def validate(program: Program, args: dict) -> tuple[dict, dict, torch.device, dict]:
+    """(tensors, scalars, device, sizes) of a call, or the first problem as a diagnostic."""
+    expected = {t.name: t for t in program.inputs()}
+    unknown = [k for k in args if k not in expected]
+    if unknown:
+        raise error("E601", f"unexpected argument(s) {', '.join(unknown)}", None,
+                    "the program takes " + ", ".join(expected))
+    tensors, scalars = {}, {}
+    for name, t in expected.items():
+        if t.is_scalar:
+            scalars[name] = scalar_value(t, args.get(name))
+            continue
+        if name not in args:
+            raise error("E601", f"missing tensor '{name}' ({t.describe()})", t.span)
+        x = args[name]
+        if not isinstance(x, torch.Tensor):
+            raise error("E601", f"'{name}' must be a torch.Tensor, got {type(x).__name__}", t.span)
+        want = getattr(torch, t.dtype.torch_name)
+        if x.dtype != want:
+            raise error("E603", f"'{name}' is {x.dtype}, the program declares {t.describe()}", t.span,
+                        f"convert it: {name}.to({want})")
+        tensors[name] = x
+    sizes = sizes_mod.bind_from_tensors(program, {k: tuple(v.shape) for k, v in tensors.items()})
+    sizes_mod.check_complete(program, sizes)
+    diags = layout.check_sizes(program, sizes)   # 16-byte rows (TMA), even widths, ...
+    if diags:
+        raise EpicError(diags)
+    for name, x in tensors.items():
+        check_strides(name, expected[name], x)
+        if x.data_ptr() % 16:
+            raise error("E606", f"'{name}' does not start on a 16-byte boundary (TMA)", expected[name].span,
+                        f"pass a fresh tensor: {name}.clone()")
+    device = None
+    for name, x in tensors.items():
+        t = expected[name]
+        if x.device.type != "cuda":
+            raise error("E604", f"'{name}' is on {x.device}; kernels run on a CUDA device", t.span,
+                        f"move it: {name}.cuda()")
+        if device is None:
+            device = x.device
+        elif x.device != device:
+            raise error("E604", f"'{name}' is on {x.device}, other tensors on {device}", t.span)
+    return tensors, scalars, device, sizes
+
+
+def check_strides(name: str, t: Tensor, x: torch.Tensor) -> None:
+    if t.layout == "kmajor":
+        ok = x.stride(0) == 1 and (x.shape[1] == 1 or x.stride(1) == x.shape[0])
+        hint = f"pass a [N, K] weight W as W.t() (K contiguous); or {name}.t().contiguous().t()"
+    else:
+        ok = x.is_contiguous()
+        hint = f"pass {name}.contiguous()"
+    if not ok:
+        raise error("E605", f"'{name}' has strides {tuple(x.stride())}, which this kernel does not read "
+                    f"({'K-major [K, N]' if t.layout == 'kmajor' else 'row-major, packed'})", t.span, hint)
+
+
+def signature(args: dict) -> tuple:
+    """What validation depends on: names, and each tensor's shape, strides, dtype and device (in the
+    caller's argument order: the same call site hits the same entry). Scalars are checked per call."""
+    return tuple((k, v.shape, v.stride(), v.dtype, v.device) if isinstance(v, torch.Tensor) and v.dim() > 0
+                 else k for k, v in args.items())

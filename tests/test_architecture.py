@@ -1,0 +1,104 @@
+"""The structure the code must keep (read from the source, nothing imported):
+
+- layers: no module imports a module of a higher layer (data flows one way: the IR definitions,
+  the front end that produces them, checks, the interpreter, passes, the plan, code generation,
+  the runtime, the command line);
+- one record per primitive: no code outside the records (epic/ir/primitives.py) and the node
+  registry (epic/codegen/nodes/) tests op names as strings;
+- docs/LANGUAGE.md's table of primitives is the one the records make (`epic ops --markdown`).
+"""
+import ast
+import pathlib
+import re
+
+from .conftest import ROOT
+
+# layer of each module (by dotted prefix; the longest prefix wins), lowest first
+LAYERS = [
+    ("epic.diagnostics", 0), ("epic.dtypes", 0), ("epic.shapes", 0), ("epic.layouts", 0), ("epic.deep", 0),
+    ("epic.envflags", 0), ("epic.version", 0),
+    ("epic.ir", 1), ("epic.sizes", 1),
+    ("epic.frontend", 2),
+    ("epic.checks", 3),
+    ("epic.reference", 4),
+    ("epic.passes", 5),
+    ("epic.pipeline", 6),
+    ("epic.plan", 7),
+    ("epic.codegen", 8),
+    ("epic.runtime", 9),
+    ("epic", 10),
+    ("epic_cli", 11),
+]
+
+
+def _layer(module: str) -> int:
+    best = max((p for p, _ in LAYERS if module == p or module.startswith(p + ".")), key=len)
+    return dict(LAYERS)[best]
+
+
+def _modules():
+    for base, package in ((ROOT / "epic", "epic"), (ROOT / "cli", "epic_cli")):
+        for path in sorted(base.rglob("*.py")):
+            rel = path.relative_to(base).with_suffix("")
+            parts = [package, *rel.parts]
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            yield ".".join(parts), path
+
+
+def _imports(module: str, path: pathlib.Path) -> list[str]:
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            out += [f"{target}.{a.name}" if not node.module or node.level else target for a in node.names]
+    return [m for m in out if m.split(".")[0] in ("epic", "epic_cli")]
+
+
+def test_no_module_imports_a_higher_layer():
+    wrong = []
+    for module, path in _modules():
+        for target in _imports(module, path):
+            if _layer(target) > _layer(module):
+                wrong.append(f"{module} (layer {_layer(module)}) imports {target} (layer {_layer(target)})")
+    assert not wrong, "\n".join(wrong)
+
+
+# an op name compared as a string: v.op == "add", v.op in ("even", "odd"), "acc" == v.op, op == "mul"
+OP_STRING_TEST = re.compile(r"""\.op\s*(==|!=)\s*["']|\.op\s+(not\s+)?in\s*[(\[{]\s*["']|["']\w+["']\s*(==|!=)\s*\w+\.op\b"""
+                            r"""|\bop\s*(==|!=)\s*["']\w+["']|\bop\s+(not\s+)?in\s*[(\[{]\s*["']""")
+ALLOWED = ("epic/ir/primitives.py", "epic/codegen/nodes/")
+
+
+def test_only_records_and_registry_test_op_names():
+    found = []
+    for _, path in _modules():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(ALLOWED):
+            continue
+        found += [f"{rel}:{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1)
+                  if OP_STRING_TEST.search(line)]
+    assert not found, "\n".join(found)
+
+
+def test_the_detector_sees_op_name_tests():
+    """The pattern above must catch the forms it is meant for (or the test above proves nothing)."""
+    for line in ['if v.op == "add":', "if v.op in ('even', 'odd'):", 'x = "acc" == v.op', "if op == 'mul':",
+                 'elif v.op not in ["load", "const"]:', "if op in {'exp'}:"]:
+        assert OP_STRING_TEST.search(line), line
+    for line in ["if P.family(v.op) is P.Family.REDUCE:", "if v.op != self.op:", 'if op == "*":']:
+        assert not OP_STRING_TEST.search(line), line
+
+
+def test_language_doc_holds_the_records_table():
+    from epic.ir import catalog
+    doc = (ROOT / "docs" / "LANGUAGE.md").read_text()
+    assert catalog.markdown() in doc, "docs/LANGUAGE.md's primitives table differs from `epic ops --markdown`"
