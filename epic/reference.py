@@ -35,8 +35,8 @@ def round_to(x: torch.Tensor, dt: DType, exact: bool) -> torch.Tensor:
     Saturating types clamp in both modes; exact mode keeps the mantissa of floats."""
     if x.dtype == torch.bool:
         return x
-    if dt.is_int:
-        return torch.clamp(torch.round(x), dt.min_finite, dt.max_finite)   # round half to even
+    if dt.is_int:   # round half to even and saturate; NaN becomes 0 (as the GPU's cvt.sat does)
+        return torch.clamp(torch.round(torch.nan_to_num(x, nan=0.0)), dt.min_finite, dt.max_finite)
     if dt.max_finite is not None:   # fp8: saturate (nan stays nan)
         x = torch.clamp(x, dt.min_finite, dt.max_finite)
     if exact:

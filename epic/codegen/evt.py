@@ -70,6 +70,7 @@ class Builder:
         self.headers: list[str] = []
         self.shared: set[int] = set()
         self.element_d, self.align_d = "void", 8
+        self.aux_elements: list[str] = []     # element types of the aux stores (size a void D's smem)
 
     # ------------------------------------------------------------------ what node implementations call
     def add(self, impl, type_: str, args: str, inputs: list[int], comment: str, pointer: int | None = None) -> int:
@@ -94,9 +95,9 @@ class Builder:
             self.descriptors.append((alias, kind, element))
         return alias
 
-    def set_d(self, t, note: str) -> None:
+    def set_d(self, t, element: str, bits: int, note: str) -> None:
         self.pointers[2] = Pointer("D", t.name, t.dtype, note)
-        self.element_d, self.align_d = t.dtype.cutlass, 128 // t.dtype.bits
+        self.element_d, self.align_d = element, 128 // bits
 
     def value_node(self, v: Value) -> int:
         """The node computing a leaf value (made on first use)."""
@@ -107,10 +108,13 @@ class Builder:
             self.leaf[v.id] = impl.emit(self, v)
         return self.leaf[v.id]
 
-    def compute(self, root: Value, store_dtype: dtypes.DType | None = None, element: str = "float") -> int:
+    def compute(self, root: Value, store_dtype: dtypes.DType | None = None, element: str = "float",
+                pack=None) -> int:
         """A Compute node evaluating `root` from leaves (and shared nodes); returns its index.
         store_dtype: the node feeds a store of that dtype (fp8/int values are clamped to saturate);
-        element: the node's output element type (the root node outputs ElementD directly)."""
+        element: the node's output element type (the root node outputs ElementD directly);
+        pack: (root's C variables at pair k) -> the two output elements of the pair, for stores
+        whose memory is a container of another width (codegen/nodes/packed.py)."""
         writer = fn.ExprWriter(pairwise=True, fast=store_dtype in fn.FAST_STORES)
         inputs: list[int] = []
         stack = [root]
@@ -121,22 +125,24 @@ class Builder:
                 continue
             seen.add(v.id)
             shared = v.id in self.shared and v is not root
-            if shared or find(LEAVES, self, v) is not None:
+            impl = None if shared else find(LEAVES, self, v)
+            if shared or impl is not None:
                 idx = self.leaf[v.id] if shared else self.value_node(v)
                 if idx not in inputs:
                     inputs.append(idx)
                 j = inputs.index(idx)
-                writer.bind(v, (f"in{j}[2 * k]", f"in{j}[2 * k + 1]"))
+                writer.bind(v, impl.parts(j, v) if impl else (f"in{j}[2 * k]", f"in{j}[2 * k + 1]"))
                 continue
             if P.family(v.op) not in fn.FUNCTOR_FAMILIES and not P.is_literal(v):
                 raise no_implementation(f"{_describe(self.program, v)} inside an epilogue expression", v.span, LEAVES)
             stack.extend(reversed(v.args))
         parts = writer.emit(root)
-        if len(parts) != 2:
-            raise no_implementation("an output whose width differs from the accumulator's (swiglu, even/odd, "
-                                    "interleave to another width)", root.span, ROOTS + STORES)
         if store_dtype is not None:
             parts = tuple(fn.store_expr(x, store_dtype) for x in parts)
+        if pack is not None:
+            parts = pack(parts)
+        if len(parts) != 2:
+            raise no_implementation("an output whose width differs from the accumulator's", root.span, ROOTS + STORES)
         name = f"epic_fn{len(self.functors)}"
         params = ", ".join(f"T const& in{j}" for j in range(len(inputs)))
         lines = [f"template <class T> struct {name} {{",
@@ -184,11 +190,11 @@ class Builder:
             self.nodes.insert(0, Node("AccFetch", "Sm90AccFetch", "{}", [], "unused (the visitor needs 3 ops)"))
             for n in self.nodes[1:]:
                 n.inputs = [i + 1 for i in n.inputs]
-        aux = next((p.dtype for p in self.pointers if p.role == "aux_store"), dtypes.BF16)
+        aux = self.aux_elements[0] if self.aux_elements else dtypes.BF16.cutlass
         return KernelSpec(
             name=k.name, symbol=identifier(k.name), config=cfg,
             element_a=a.dtype.cutlass, element_b=b.dtype.cutlass, align_a=128 // a.dtype.bits,
-            align_b=128 // b.dtype.bits, element_d=self.element_d, align_d=self.align_d, aux_element=aux.cutlass,
+            align_b=128 // b.dtype.bits, element_d=self.element_d, align_d=self.align_d, aux_element=aux,
             functors=self.functors, nodes=self.nodes, pointers=self.pointers, scalars=self.scalars,
             descriptors=self.descriptors, headers=self.headers)
 

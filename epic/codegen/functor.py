@@ -18,21 +18,64 @@ from .cxx import literal
 # Families whose values a functor computes (everything else is a node of its own: a leaf or a sink).
 FUNCTOR_FAMILIES = (P.Family.ELEMENTWISE, P.Family.COMPARE, P.Family.SELECT, P.Family.CAST, P.Family.PAIR)
 
+# Helpers of code generation itself (not of a primitive): moving 16-bit values in and out of the
+# 32-bit and 8-bit containers that width-changing loads and stores use (codegen/nodes/packed.py).
+# A float container holds the bits of two 16-bit values (low half = even column); bf16 -> f32 is
+# the bits shifted up, so unpacking is exact.
+CODEGEN_HELPERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "epic_sat": (r"""
+// saturating stores and casts (docs/LANGUAGE.md): fp8 clamps to its finite range and keeps NaN;
+// integers round half to even, clamp, and take NaN to 0 (as cvt.rni.sat does)
+__device__ __forceinline__ float epic_sat(float x, float lo, float hi) { return x != x ? x : fminf(fmaxf(x, lo), hi); }
+__device__ __forceinline__ float epic_sat_int(float x, float lo, float hi) {
+  return x != x ? 0.f : fminf(fmaxf(rintf(x), lo), hi);
+}""", ()),
+    "epic_bits": (r"""
+__device__ __forceinline__ uint32_t epic_bits(float x) { return __float_as_uint(x); }
+__device__ __forceinline__ float epic_from_bits(uint32_t u) { return __uint_as_float(u); }""", ()),
+    "epic_bf16_lo": (r"""
+__device__ __forceinline__ float epic_bf16_lo(float c) { return epic_from_bits(epic_bits(c) << 16); }
+__device__ __forceinline__ float epic_bf16_hi(float c) { return epic_from_bits(epic_bits(c) & 0xffff0000u); }""",
+                     ("epic_bits",)),
+    "epic_f16_lo": (r"""
+__device__ __forceinline__ float epic_f16_lo(float c) { return float(cutlass::half_t::bitcast(uint16_t(epic_bits(c) & 0xffffu))); }
+__device__ __forceinline__ float epic_f16_hi(float c) { return float(cutlass::half_t::bitcast(uint16_t(epic_bits(c) >> 16))); }""",
+                    ("epic_bits",)),
+    "epic_pack2": (r"""
+// two 16-bit values (rounded to T) as the bits of one float: lo = the even column
+template <class T> __device__ __forceinline__ float epic_pack2(float lo, float hi) {
+  return epic_from_bits(uint32_t(T(lo).raw()) | (uint32_t(T(hi).raw()) << 16));
+}""", ("epic_bits",)),
+    "epic_byte": (r"""
+// byte `which` (0 = low) of a value rounded to the 16-bit type T, as a float 0..255 (exact in uint8)
+template <class T> __device__ __forceinline__ float epic_byte(float v, int which) {
+  return float((uint32_t(T(v).raw()) >> (8 * which)) & 0xffu);
+}
+// half-word `which` of a float's bits, as a float 0..65535 (exact in uint16)
+__device__ __forceinline__ float epic_half_word(float v, int which) {
+  return float((epic_bits(v) >> (16 * which)) & 0xffffu);
+}""", ("epic_bits",)),
+}
+
+
 def helpers_for(code: str) -> str:
-    """The device helper definitions (records' cxx_helpers, epic/ir/primitives.py) that `code` calls,
-    each after the helpers it needs."""
+    """The device helper definitions that `code` calls (the records' cxx_helpers,
+    epic/ir/primitives.py, and code generation's own), each after the helpers it needs."""
+    table = {**P.HELPERS, **CODEGEN_HELPERS}
+    aliases = {"epic_bf16_hi": "epic_bf16_lo", "epic_f16_hi": "epic_f16_lo", "epic_from_bits": "epic_bits",
+               "epic_half_word": "epic_byte", "epic_sat_int": "epic_sat"}
     order: list[str] = []
 
     def need(name: str) -> None:
         if name not in order:
-            for dep in P.HELPERS[name][1]:
+            for dep in table[name][1]:
                 need(dep)
             order.append(name)
 
-    for name in P.HELPERS:
-        if name + "(" in code:
-            need(name)
-    return "".join(P.HELPERS[name][0] for name in order)
+    for name in [*table, *aliases]:
+        if name + "(" in code or name + "<" in code:
+            need(aliases.get(name, name))
+    return "".join(table[name][0] for name in order)
 
 
 def _type(dt: dtypes.DType, flavor: str) -> str:
@@ -43,21 +86,21 @@ def cast_expr(x: str, dt: dtypes.DType, flavor: str = "cutlass") -> str:
     """Round a float to dtype dt and back, with the language's semantics (saturating fp8/int)."""
     if dt is dtypes.F32:
         return x
-    if dt.is_int:
-        return f"fminf(fmaxf(rintf({x}), {literal(dt.min_finite)}), {literal(dt.max_finite)})"
-    if dt.max_finite is not None:
-        return f"float({_type(dt, flavor)}(fminf(fmaxf({x}, {literal(dt.min_finite)}), {literal(dt.max_finite)})))"
-    return f"float({_type(dt, flavor)}({x}))"
+    if dt.is_int or dt.max_finite is None:
+        return store_expr(x, dt) if dt.is_int else f"float({_type(dt, flavor)}({x}))"
+    return f"float({_type(dt, flavor)}({store_expr(x, dt)}))"
 
 
 def store_expr(x: str, dt: dtypes.DType) -> str:
     """The value a store of dtype dt must hold, in float, before the node converts it (the
-    converter then rounds to nearest; for fp8/int the clamp here makes it saturate)."""
-    if dt.max_finite is not None:
-        if dt.is_int:
-            return f"fminf(fmaxf(rintf({x}), {literal(dt.min_finite)}), {literal(dt.max_finite)})"
-        return f"fminf(fmaxf({x}, {literal(dt.min_finite)}), {literal(dt.max_finite)})"
-    return x
+    converter then rounds to nearest): integers round half to even and saturate, NaN becomes 0;
+    fp8 saturates and keeps NaN."""
+    if dt.max_finite is None:
+        return x
+    lo, hi = literal(dt.min_finite), literal(dt.max_finite)
+    if dt.is_int:
+        return f"epic_sat_int({x}, {lo}, {hi})"
+    return f"epic_sat({x}, {lo}, {hi})"
 
 
 # Stores whose precision (at most 8 mantissa bits) is far coarser than fast division's 2 ulp error.
@@ -90,10 +133,16 @@ class ExprWriter:
         return name
 
     def _width(self, v: Value) -> int:
-        """How many C variables carry v per column pair: 2 if it has a value per column, else 1."""
-        if not self.pairwise:
+        """How many C variables carry v per column pair of the accumulator: one per column it has
+        there (1 after even/odd, 2 at the accumulator's width, 4 after interleave); 1 for values
+        constant along the row."""
+        if not self.pairwise or not v.shape.has_columns:
             return 1
-        return 1 if v.shape.has_columns and v.shape.width.denominator == 2 else 2
+        n = v.shape.width * 2
+        if n.denominator != 1:
+            raise error("E702", f"a value {v.shape.width} times as wide as the accumulator is not supported by "
+                        "code generation yet", v.span)
+        return int(n)
 
     def emit(self, root: Value) -> tuple[str, ...]:
         """Write root and every operand not yet written (operands first, without recursion)."""
@@ -129,17 +178,20 @@ class ExprWriter:
     def _pair(self, v: Value, p: P.Primitive) -> tuple[str, ...]:
         if p.pair_part is not None:
             parts = self.names[v.args[0].id]
-            return (parts[p.pair_part],) if len(parts) == 2 else parts
-        a, b = (self.names[x.id] for x in v.args)
-        if len(a) != 1 or len(b) != 1:
-            raise error("E702", "interleave of full-width values (a tile twice as wide as the accumulator) is "
-                        "not supported by code generation yet", v.span)
-        return (a[0], b[0])
+            if len(parts) < 2:
+                raise error("E702", "a pairwise map of a value narrower than the accumulator's column pairs "
+                            "is not supported by code generation yet", v.span)
+            return parts[p.pair_part::2]
+        n = max(len(self.names[x.id]) for x in v.args)
+        a, b = (self._spread_to(x, n, v) for x in v.args)
+        return tuple(x for pair in zip(a, b) for x in pair)
 
     def _spread(self, x: Value, like: Value) -> tuple[str, ...]:
         """x's variables repeated to the width of `like` (constants and row-constant values repeat)."""
+        return self._spread_to(x, self._width(like), like)
+
+    def _spread_to(self, x: Value, n: int, like: Value) -> tuple[str, ...]:
         parts = self.names[x.id]
-        n = self._width(like)
         if len(parts) == n:
             return parts
         if len(parts) == 1:

@@ -274,8 +274,9 @@ __device__ __forceinline__ float epic_sign(float x) { return x > 0.f ? 1.f : (x 
 }
 
 
-def _sign(x, a):
+def _sign(xs, a):
     # -1, +1, and the operand itself at 0, -0 and nan (so the sign of zero is kept)
+    x = xs[0]
     return torch.where(x > 0, torch.ones_like(x), torch.where(x < 0, -torch.ones_like(x), x))
 
 
@@ -335,10 +336,10 @@ _PRIMS = [
                  doc="multiplication"),
     _elementwise("div", 2, lambda xs, a: xs[0] / xs[1], "({0} / {1})", cxx_fast="__fdividef({0}, {1})", cost=4,
                  operator="/", algebra="quotient", doc="division (always f32)"),
-    _elementwise("min", 2, lambda xs, a: torch.minimum(xs[0], xs[1]), "fminf({0}, {1})", surface=("min",),
-                 doc="the smaller operand"),
-    _elementwise("max", 2, lambda xs, a: torch.maximum(xs[0], xs[1]), "fmaxf({0}, {1})", surface=("max",),
-                 doc="the larger operand"),
+    _elementwise("min", 2, lambda xs, a: torch.fmin(xs[0], xs[1]), "fminf({0}, {1})", surface=("min",),
+                 doc="the smaller operand (a NaN operand is ignored, as IEEE minNum / fminf)"),
+    _elementwise("max", 2, lambda xs, a: torch.fmax(xs[0], xs[1]), "fmaxf({0}, {1})", surface=("max",),
+                 doc="the larger operand (a NaN operand is ignored, as IEEE maxNum / fmaxf)"),
 
     # ---- comparisons (bool results, usable in select)
     *[Primitive(n, Family.COMPARE, 2, _compare_rule(n), ref=r, cxx=f"({{0}} {s} {{1}})", operator=s,
@@ -399,7 +400,13 @@ def _lse_merge(state: torch.Tensor, dim: int) -> torch.Tensor:
 
 _SUM = dict(ref=lambda x, d: x.sum(d, keepdim=True), ref_partial=lambda x: x.sum(-1),
             ref_merge=lambda s, d: s.sum(d, keepdim=True), cxx_merge="{a0} += {x0};", cxx_op="cutlass::plus")
-_MAX = dict(ref=lambda x, d: x.amax(d, keepdim=True), ref_partial=lambda x: x.amax(-1),
+def _ignoring_nan(x: torch.Tensor, fill: float) -> torch.Tensor:
+    """max/min reductions ignore NaN, as fmaxf/fminf (and CUTLASS's maximum/minimum) do."""
+    return torch.nan_to_num(x, nan=fill, posinf=math.inf, neginf=-math.inf)
+
+
+_MAX = dict(ref=lambda x, d: _ignoring_nan(x, -math.inf).amax(d, keepdim=True),
+            ref_partial=lambda x: _ignoring_nan(x, -math.inf).amax(-1),
             ref_merge=lambda s, d: s.amax(d, keepdim=True), cxx_merge="{a0} = fmaxf({a0}, {x0});",
             cxx_op="cutlass::maximum")
 
@@ -407,12 +414,14 @@ REDUCTIONS: dict[str, Reduction] = {r.name: r for r in (
     Reduction("sum", (0.0,), cxx_finalize="{a0}", doc="sum", **_SUM),
     Reduction("mean", (0.0,), cxx_finalize="{a0}", by_width=True, block=False, doc="mean",
               **dict(_SUM, ref=lambda x, d: x.mean(d, keepdim=True))),
-    Reduction("max", (-math.inf,), cxx_finalize="{a0}", doc="largest value", **_MAX),
-    Reduction("min", (math.inf,), ref=lambda x, d: x.amin(d, keepdim=True), ref_partial=lambda x: x.amin(-1),
+    Reduction("max", (-math.inf,), cxx_finalize="{a0}", doc="largest value (NaN ignored)", **_MAX),
+    Reduction("min", (math.inf,), ref=lambda x, d: _ignoring_nan(x, math.inf).amin(d, keepdim=True),
+              ref_partial=lambda x: _ignoring_nan(x, math.inf).amin(-1),
               ref_merge=lambda s, d: s.amin(d, keepdim=True), cxx_merge="{a0} = fminf({a0}, {x0});",
-              cxx_finalize="{a0}", cxx_op="cutlass::minimum", doc="smallest value"),
-    Reduction("amax", (0.0,), cxx_finalize="{a0}", pre="abs", doc="largest absolute value (max(abs(x)))",
-              **dict(_MAX, ref=lambda x, d: x.abs().amax(d, keepdim=True))),
+              cxx_finalize="{a0}", cxx_op="cutlass::minimum", doc="smallest value (NaN ignored)"),
+    Reduction("amax", (0.0,), cxx_finalize="{a0}", pre="abs",
+              doc="largest absolute value, max(abs(x)) (NaN ignored)",
+              **dict(_MAX, ref=lambda x, d: _ignoring_nan(x.abs(), 0.0).amax(d, keepdim=True))),
     Reduction("lse", (-math.inf, 0.0), ref=lambda x, d: torch.logsumexp(x, d, keepdim=True),
               ref_partial=_lse_partial, ref_merge=_lse_merge, block=False,
               cxx_merge=("{{ float m_ = fmaxf({a0}, {x0}); "

@@ -10,11 +10,12 @@ from __future__ import annotations
 from ...diagnostics import Span, error
 from .base import Node, NodeImpl, Pointer, Scalar
 from .leaves import AccFetch, AuxLoad, ColBroadcast, RowBroadcast, ScalarBroadcast
+from .packed import DoubleWidthAux, DoubleWidthD, DoubleWidthLoad, HalfWidthAux, HalfWidthD
 from .stores import AuxStore, ColPartial, DStore, RowPartial
 
-LEAVES: list[type[NodeImpl]] = [AccFetch, ScalarBroadcast, AuxLoad, RowBroadcast, ColBroadcast]
-ROOTS: list[type[NodeImpl]] = [DStore]
-STORES: list[type[NodeImpl]] = [AuxStore, RowPartial, ColPartial]
+LEAVES: list[type[NodeImpl]] = [AccFetch, ScalarBroadcast, AuxLoad, RowBroadcast, ColBroadcast, DoubleWidthLoad]
+ROOTS: list[type[NodeImpl]] = [DStore, HalfWidthD, DoubleWidthD]
+STORES: list[type[NodeImpl]] = [AuxStore, HalfWidthAux, DoubleWidthAux, RowPartial, ColPartial]
 
 
 def find(impls: list[type[NodeImpl]], b, item) -> type[NodeImpl] | None:

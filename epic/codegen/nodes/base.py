@@ -52,3 +52,9 @@ class NodeImpl:
     @classmethod
     def emit(cls, b, item) -> int:
         raise NotImplementedError
+
+    @classmethod
+    def parts(cls, j: int, v) -> tuple[str, ...]:
+        """Leaves: the C expressions of v's columns at pair k inside a functor whose input j is this
+        node's result (a leaf of the accumulator's width gives the two columns of the pair)."""
+        return (f"in{j}[2 * k]", f"in{j}[2 * k + 1]")

@@ -45,14 +45,18 @@ class AuxLoad(NodeImpl):
 
     @classmethod
     def emit(cls, b, v) -> int:
-        t = b.program.tensors[v.attrs["tensor"]]
-        el = t.dtype.cutlass
-        p, i = b.pointer("aux_load", t.name, t.dtype)
-        d = b.descriptor("AuxLoadDescriptor", el)
-        stages = f"{d}::Stages" if b.cfg.aux_load == "tma" else "0"     # 0: global -> registers
-        return b.add(cls, f"Sm90AuxLoad<{stages}, typename {d}::EpilogueTile, {el}, StrideAux, "
-                     f"typename {d}::SmemLayoutAtom, typename {d}::CopyOpS2R>",
-                     f"{{static_cast<{el} const*>({p}), {el}(0), sAux}}", [], f"load tile {t.name}", i)
+        return emit_aux_load(cls, b, v, b.program.tensors[v.attrs["tensor"]].dtype.cutlass)
+
+
+def emit_aux_load(impl, b, v, el: str, note: str = "") -> int:
+    """An Sm90AuxLoad of the [M, N] tile `v` reads, as elements of type `el`."""
+    t = b.program.tensors[v.attrs["tensor"]]
+    p, i = b.pointer("aux_load", t.name, t.dtype, note)
+    d = b.descriptor("AuxLoadDescriptor", el)
+    stages = f"{d}::Stages" if b.cfg.aux_load == "tma" else "0"     # 0: global -> registers
+    return b.add(impl, f"Sm90AuxLoad<{stages}, typename {d}::EpilogueTile, {el}, StrideAux, "
+                 f"typename {d}::SmemLayoutAtom, typename {d}::CopyOpS2R>",
+                 f"{{static_cast<{el} const*>({p}), {el}(0), sAux}}", [], f"load tile {t.name}", i)
 
 
 class _VectorBroadcast(NodeImpl):

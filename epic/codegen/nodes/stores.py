@@ -18,6 +18,25 @@ def _tile_store(b, s) -> bool:
     return s.value.kind is Kind.TILE and s.value.shape.width == 1 and t.dtype.cutlass is not None
 
 
+def emit_d(impl, b, s, element: str, bits: int, pack=None, note: str = "") -> int:
+    """The store of `s` through the collective: the root Compute node outputs D's element."""
+    t = b.program.tensors[s.tensor]
+    b.set_d(t, element, bits, note or "[M, N] row-major, stored by the collective")
+    return b.compute(s.value, t.dtype, element, pack)
+
+
+def emit_aux_store(impl, b, s, element: str, pack=None, note: str = "") -> int:
+    """The store of `s` through an Sm90AuxStore (a TMA store of an [M, N] tile of `element`)."""
+    t = b.program.tensors[s.tensor]
+    src = b.compute(s.value, t.dtype, pack=pack)
+    p, i = b.pointer("aux_store", t.name, t.dtype, note)
+    b.aux_elements.append(element)
+    d = b.descriptor("AuxStoreDescriptor", element)
+    return b.add(impl, f"Sm90AuxStore<{d}::Stages, typename {d}::EpilogueTile, {element}, RN, StrideAux, "
+                 f"typename {d}::SmemLayoutAtom, typename {d}::CopyOpR2S>",
+                 f"{{static_cast<{element}*>({p}), sAux}}", [src], f"store tile {t.name}", i)
+
+
 class DStore(NodeImpl):
     role = "root"
     covers = f"one tile of the accumulator's width in {', '.join(map(str, D_TYPES))} (the collective's D)"
@@ -29,8 +48,7 @@ class DStore(NodeImpl):
     @classmethod
     def emit(cls, b, s) -> int:
         t = b.program.tensors[s.tensor]
-        b.set_d(t, "[M, N] row-major, stored by the collective")
-        return b.compute(s.value, t.dtype, t.dtype.cutlass)
+        return emit_d(cls, b, s, t.dtype.cutlass, t.dtype.bits)
 
 
 class AuxStore(NodeImpl):
@@ -43,14 +61,7 @@ class AuxStore(NodeImpl):
 
     @classmethod
     def emit(cls, b, s) -> int:
-        t = b.program.tensors[s.tensor]
-        src = b.compute(s.value, t.dtype)
-        el = t.dtype.cutlass
-        p, i = b.pointer("aux_store", t.name, t.dtype)
-        d = b.descriptor("AuxStoreDescriptor", el)
-        return b.add(cls, f"Sm90AuxStore<{d}::Stages, typename {d}::EpilogueTile, {el}, RN, StrideAux, "
-                     f"typename {d}::SmemLayoutAtom, typename {d}::CopyOpR2S>",
-                     f"{{static_cast<{el}*>({p}), sAux}}", [src], f"store tile {t.name}", i)
+        return emit_aux_store(cls, b, s, b.program.tensors[s.tensor].dtype.cutlass)
 
 
 class _StockPartial(NodeImpl):
