@@ -23,7 +23,7 @@ import epic  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-D, DFF, DQKV = 4096, 14336, 6144
+D, DFF, DQKV, VOCAB = 4096, 14336, 6144, 128256
 bf = torch.bfloat16
 
 
@@ -111,6 +111,51 @@ def w_prenorm_half(m):
     return gemm, eager, dict(attn=x, wo=w0, z=z, gamma=g, wgu=w1)
 
 
+def w_swiglu(m):
+    """gate/up + SwiGLU on interleaved (gate, up) columns: N = 2 x 14336 -> 14336."""
+    x, w = rand(m, D), weight(D, 2 * DFF)
+    def gemm(): return x @ w
+    def eager():
+        h = x @ w
+        return F.silu(h[:, 0::2]) * h[:, 1::2]
+    return gemm, eager, dict(x=x, wgu=w)
+
+
+def w_xent(m):
+    """LM head + cross entropy (V = 128256); epic writes no logits."""
+    x, w = rand(m, D), weight(D, VOCAB)
+    y = torch.randint(0, VOCAB, (m,), device="cuda")
+    y32 = y.to(torch.int32)
+    def gemm(): return x @ w
+    def eager(): return F.cross_entropy((x @ w).float(), y, reduction="none")
+    return gemm, eager, dict(x=x, w=w, label=y32)
+
+
+def w_fp8_quant(m):
+    """1x128 block-scaled e4m3 write-back (DeepSeek-style) of x @ W, N = 4096."""
+    x, w = rand(m, D), weight(D, D)
+    def gemm(): return x @ w
+    def eager():
+        h = (x @ w).float().unflatten(-1, (-1, 128))
+        s = h.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 448.0
+        return (h / s).clamp(-448, 448).to(torch.float8_e4m3fn).flatten(1), s.squeeze(-1)
+    return gemm, eager, dict(x=x, w=w)
+
+
+def w_prenorm_mlp(m):
+    """The whole pre-norm Llama MLP block: o_proj + residual -> RMSNorm -> gate/up -> SwiGLU -> down + residual."""
+    a, wo, z, g = rand(m, D), weight(D, D), rand(m, D), rand(D)
+    wgu, wd = weight(D, 2 * DFF), weight(DFF, D)
+    n0, a0 = rand(m, D), rand(m, DFF)
+    def gemm():   # the three bare GEMMs of the chain
+        return a @ wo, n0 @ wgu, a0 @ wd
+    def eager():
+        h = a @ wo + z
+        u = F.rms_norm(h, (D,), g, 1e-6) @ wgu
+        return F.silu(u[:, 0::2]) * u[:, 1::2] @ wd + h
+    return gemm, eager, dict(attn=a, wo=wo, z=z, gamma=g, wgu=wgu, wd=wd)
+
+
 def w_plain(m, n=D):
     x, w = rand(m, D), weight(D, n)
     def gemm(): return x @ w
@@ -123,6 +168,10 @@ WORK = {
     "bias_gelu": ("samples/bias_gelu.epi", w_bias_gelu),
     "rope": ("samples/rope.epi", w_rope),
     "prenorm_half": ("bench/programs/prenorm_half.epi", w_prenorm_half),
+    "swiglu": ("samples/swiglu.epi", w_swiglu),
+    "xent": ("samples/cross_entropy.epi", w_xent),
+    "fp8_quant": ("samples/fp8_block_quant.epi", w_fp8_quant),
+    "prenorm_mlp": ("samples/prenorm_mlp.epi", w_prenorm_mlp),
     "plain": ("bench/programs/plain.epi", w_plain),
     # the same identity epilogue at the other workloads' shapes: epic's mainloop alone, per shape
     "plain_qkv": ("bench/programs/plain.epi", lambda m: w_plain(m, DQKV)),

@@ -29,7 +29,7 @@ def main() -> int:
             for cfg in variants:
                 overrides = {g: cfg for g in gemms} if cfg else None
                 for _, u in emit.units(prog.program, emit.kernel_configs(prog.program, m, overrides)):
-                    units[u.name] = u
+                    units[(u.name, u.source)] = u
     for p in build.build_all(list(units.values())):
         print(p)
     return 0

@@ -6,20 +6,33 @@ from epic import reference
 
 from .conftest import ROOT
 
-# program -> function (M, N, K) -> sizes of its dimensions
+
+def _up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+# program -> function (M, N, K) -> sizes of its dimensions. N and K are rounded where the program's
+# layout rules need it (16-byte rows for TMA: 8 bf16 or 16 one-byte elements; block sizes).
 PROGRAMS = {
     "samples/bias_gelu.epi": lambda m, n, k: dict(M=m, K=k, N=n),
     "samples/residual_rmsnorm.epi": lambda m, n, k: dict(M=m, D=n),
     "samples/rope.epi": lambda m, n, k: dict(M=m, D=k, N=n),
-    # fp8 rows are 1 byte per element: K must be a multiple of 16 for TMA (still not of 128)
-    "samples/fp8_gemm_scaled.epi": lambda m, n, k: dict(M=m, K=-(-k // 16) * 16, N=n),
+    "samples/fp8_gemm_scaled.epi": lambda m, n, k: dict(M=m, K=_up(k, 16), N=n),
+    "samples/swiglu.epi": lambda m, n, k: dict(M=m, D=k, F=_up(n // 2, 8)),
+    "samples/swiglu_bwd.epi": lambda m, n, k: dict(M=m, D=k, F=_up(n // 2, 8)),
+    "samples/prenorm_mlp.epi": lambda m, n, k: dict(M=m, D=n, F=_up(k, 8)),
+    "samples/cross_entropy.epi": lambda m, n, k: dict(M=m, D=k, V=n),
+    "samples/fp8_block_quant.epi": lambda m, n, k: dict(M=m, D=k, N=_up(n, 128)),
+    "samples/int4_pack.epi": lambda m, n, k: dict(M=m, D=k, N=_up(n, 256)),
     "bench/programs/prenorm_half.epi": lambda m, n, k: dict(M=m, D=n, F=k),
     "tests/programs/pair_swap.epi": lambda m, n, k: dict(M=m, K=k, N=n),
     "tests/programs/col_stats.epi": lambda m, n, k: dict(M=m, K=k, N=n),
-    # 1-byte outputs: N must be a multiple of 16 for TMA
-    "tests/programs/out_types.epi": lambda m, n, k: dict(M=m, K=k, N=-(-n // 16) * 16),
+    "tests/programs/out_types.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 16)),
+    "tests/programs/every_primitive.epi": lambda m, n, k: dict(M=m, K=k, N=n),
+    "tests/programs/quant_exposed.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 256)),
 }
-# (M, N, K): tile multiples, then ragged (M = 1, 77, 8191; N, K not multiples of 128)
+# (M, N, K): tile multiples, then ragged (M = 1, 77, 8191; N, K not multiples of 128). M <= 256 gets
+# the pingpong 64x64 configuration, larger M the cooperative 128x256 one.
 SIZES = [(128, 256, 128), (256, 512, 256), (1, 392, 200), (77, 392, 200), (8191, 392, 200), (300, 264, 136)]
 
 

@@ -19,11 +19,14 @@ from epic.runtime import build, cache, loader
 from .conftest import ROOT, analyze
 from .test_cache import tiny_elf
 
-SUPPORTED = ["bias_gelu", "residual_rmsnorm", "rope", "fp8_gemm_scaled", "swiglu", "swiglu_bwd", "prenorm_mlp"]
-REFUSED = {   # sample -> (words the E702 message must contain, text of the source line it must point at)
-    "cross_entropy": ("row_lse", "lse = row_lse(acc)"),
-    "fp8_block_quant": ("block value", "out q_scale: f32[M, N/128] = s"),
-    "int4_pack": ("i4", "out q: i4 = acc / s"),
+SUPPORTED = sorted(p.stem for p in (ROOT / "samples").glob("*.epi"))     # every sample
+GEMM = "gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n"
+REFUSED = {   # what code generation refuses (E702): (program with `$` where the caret must point, words)
+    "col_lse": (GEMM + "  out s: f32[N] = $col_lse(acc)\n}\n", "col_lse"),
+    "block_sum_store": (GEMM + "  $out s: f32[M, N/32] = block_sum(acc, 32)\n}\n", "block reductions"),
+    "half_width_e4m3": (GEMM + "  $out y: e4m3 = even(acc)\n}\n", "half as wide"),
+    "block_scale_without_floor": (GEMM + "  s = $block_max(abs(acc), 64) / 448\n  out q: e4m3 = acc / s\n}\n",
+                                  "block reductions"),
 }
 
 
@@ -43,22 +46,24 @@ def test_supported_samples_generate(name, m):
         assert "EPIC_API int epic_launch" in unit.source
         if isinstance(spec, evt.KernelSpec):
             assert f"Shape<_{spec.config.tile[0]}, _{spec.config.tile[1]}, _{spec.config.tile[2]}>" in unit.source
-            assert spec.nodes[-1].type.startswith("Sm90Compute") or spec.element_d == "void"
+            # the root (last node) computes D; with no D the last node is a sink
+            assert spec.nodes[-1].type.startswith(("Sm90Compute", "epic_nodes::Sm90BlockScale")) \
+                or spec.element_d == "void"
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_unsupported_features_are_refused_clearly(name):
     """Compiling checks, rewrites and plans (the reference runs); building refuses, at the line."""
-    path = ROOT / "samples" / f"{name}.epi"
-    prog = epic.compile(str(path))
+    from .test_diagnostics import marked
+    text, line, column = marked(REFUSED[name][0])
+    prog = epic.compile(text)
     with pytest.raises(EpicError) as info:
         prog.units()
     assert info.value.codes == ["E702"]
     d = info.value.diagnostics[0]
-    words, line_text = REFUSED[name]
-    assert words in d.message and "not supported by code generation yet" in d.message, d.message
-    lines = path.read_text().splitlines()
-    assert d.span is not None and line_text in lines[d.span.line - 1], (d.span, line_text)
+    assert REFUSED[name][1] in d.message and "not supported by code generation yet" in d.message, d.message
+    assert d.hint and "supported:" in d.hint
+    assert d.span is not None and d.span.line == line, (d.span, line, column)
 
 
 def test_residual_rmsnorm_lowering():

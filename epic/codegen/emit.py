@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -29,10 +30,33 @@ def _env() -> jinja2.Environment:
     return env
 
 
+_INCLUDE = re.compile(r'^#include "(epic_nodes/[A-Za-z0-9_]+\.hpp)"\s*$', re.M)
+
+
 @functools.lru_cache(maxsize=None)
-def node_header(name: str) -> str:
-    """The text of a custom node's header (templates/nodes/NAME), printed into the kernel."""
-    return resources.files("epic.templates").joinpath("nodes", name).read_text()
+def _header_file(name: str) -> str:
+    return resources.files("epic.templates").joinpath("nodes", *name.split("/")).read_text()
+
+
+def node_headers(names: list[str]) -> list[str]:
+    """The texts of custom node headers (templates/nodes/NAME), each after the epic headers it
+    includes and each once, with those includes and `#pragma once` removed: printed into the kernel,
+    so the generated source is self-contained and its cache key covers the nodes' code."""
+    out: list[str] = []
+    done: set[str] = set()
+
+    def add(name: str) -> None:
+        if name in done:
+            return
+        done.add(name)
+        text = _header_file(name)
+        for dep in _INCLUDE.findall(text):
+            add(dep)
+        out.append(_INCLUDE.sub("", text).replace("#pragma once\n", ""))
+
+    for name in names:
+        add(name)
+    return out
 
 
 def _info(spec, kind: str) -> str:
@@ -46,7 +70,7 @@ def _info(spec, kind: str) -> str:
 def render_gemm(spec: evt.KernelSpec) -> str:
     return _env().get_template("gemm.cu.j2").render(
         k=spec, version=__version__, prelude=functor.helpers_for("\n".join(spec.functors)),
-        info=_info(spec, "gemm"), headers=[node_header(h) for h in spec.headers],
+        info=_info(spec, "gemm"), headers=node_headers(spec.headers),
         epilogue_tile=(f"Shape<_{spec.config.epi_tile[0]}, _{spec.config.epi_tile[1]}>" if spec.config.epi_tile
                        else "cutlass::epilogue::collective::EpilogueTileAuto"))
 

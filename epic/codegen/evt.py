@@ -115,6 +115,9 @@ class Builder:
         element: the node's output element type (the root node outputs ElementD directly);
         pack: (root's C variables at pair k) -> the two output elements of the pair, for stores
         whose memory is a container of another width (codegen/nodes/packed.py)."""
+        if store_dtype is None and element == "float" and pack is None:
+            if root.id in self.leaf or find(LEAVES, self, root) is not None:
+                return self.value_node(root)      # a leaf already is the node computing it
         writer = fn.ExprWriter(pairwise=True, fast=store_dtype in fn.FAST_STORES)
         inputs: list[int] = []
         stack = [root]
@@ -165,11 +168,11 @@ class Builder:
         self.pointer("B", b.name, b.dtype, "[K, N] K-major (an nn.Linear weight [N, K], transposed)")
         self.pointer("D", "", dtypes.BF16, "unused (no output through the collective)")
         plans = []
-        root = None
+        # the first root implementation (in the registry's order of preference) that takes a store
+        root = next(((impl, s) for impl in ROOTS for s in k.stores if impl.matches(self, s)), None)
+        claimed = {id(c) for c in root[0].claims(self, root[1])} if root else set()
         for s in k.stores:
-            impl = find(ROOTS, self, s) if root is None else None
-            if impl is not None:
-                root = (impl, s)
+            if (root and s is root[1]) or id(s) in claimed:
                 continue
             impl = find(STORES, self, s)
             if impl is None:

@@ -12,7 +12,7 @@ not the schedule gets a schedule that accepts the tile.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..diagnostics import error
 from ..ir import options as vocab
@@ -121,8 +121,15 @@ def choose(kernel, m: int, override: dict | None = None) -> KernelConfig:
             cfg = KernelConfig(schedule, tile, tuple(source.get("cluster", cfg.cluster)),
                                source.get("aux_load", cfg.aux_load), tuple(epi) if epi else None,
                                int(source.get("swizzle", cfg.swizzle)), source.get("raster", cfg.raster))
+    blocks = block_sizes(kernel)
+    if blocks and cfg.epi_tile is None:
+        # a 1xB block must not span two epilogue subtiles (CUTLASS's automatic one is 32 columns wide):
+        # an epilogue tile as wide as the largest block (free for 8-bit outputs; see tests/probes/README.md)
+        width = max(max(blocks), 32)
+        if cfg.tile_n % width == 0:
+            cfg = replace(cfg, epi_tile=(128 if cfg.schedule == "cooperative" else 64, width))
     cfg = validate(cfg, f"gemm '{kernel.name}'", getattr(kernel, "span", None))
-    for b in block_sizes(kernel):
+    for b in blocks:
         if cfg.tile_n % b:
             raise error("E404", f"gemm '{kernel.name}': block size {b} does not divide the tile width {cfg.tile_n}",
                         kernel.span, "pick a tile width that is a multiple of the block size")

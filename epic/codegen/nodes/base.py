@@ -54,6 +54,11 @@ class NodeImpl:
         raise NotImplementedError
 
     @classmethod
+    def claims(cls, b, item) -> list:
+        """Roots: the other stores this node performs itself (e.g. a block scale's scales)."""
+        return []
+
+    @classmethod
     def parts(cls, j: int, v) -> tuple[str, ...]:
         """Leaves: the C expressions of v's columns at pair k inside a functor whose input j is this
         node's result (a leaf of the accumulator's width gives the two columns of the pair)."""

@@ -1,0 +1,164 @@
+"""Nodes that stock CUTLASS sm90 lacks; their C++ is under templates/nodes/epic_nodes/ (one header
+each, printed into the kernels that use them).
+
+- Coordinate: the row or column index of each element (`row`, `col`; cross entropy's row_pick).
+- RowLsePartial: per-tile online log-sum-exp pairs (max, sum of exp(x - max)) of a row.
+- BlockScaleD / BlockScaleInt4: 1xB block-scaled quantization, q = x / s with
+  s = max(block amax of |x|, floor) / qmax, as the prelude's fp8_e4m3_scale, int8_block_scale and
+  int4_group_scale write it; the root of the epilogue (it rewrites the subtile before D is stored,
+  or packs int4 bytes itself), and it stores the scales too.
+- PackedInt4Store: an i4 tile packed two per byte (low nibble = even column), stored directly.
+"""
+from __future__ import annotations
+
+from ... import dtypes
+from ...ir import primitives as P
+from ...passes.patterns import C, Op, V
+from ...shapes import Kind
+from ..cxx import literal
+from .base import NodeImpl
+
+_BLOCK_SCALE = "epic_nodes/block_scale.hpp"
+QUANT_TYPES = (dtypes.E4M3, dtypes.E5M2, dtypes.I8)
+
+
+class Coordinate(NodeImpl):
+    covers = "the coordinates row and col"
+    header = "epic_nodes/coordinate.hpp"
+
+    @classmethod
+    def matches(cls, b, v) -> bool:
+        return P.prim(v.op).keyword in ("row", "col")
+
+    @classmethod
+    def emit(cls, b, v) -> int:
+        keyword = P.prim(v.op).keyword
+        return b.add(cls, f"epic_nodes::Sm90Coordinate<{0 if keyword == 'row' else 1}>", "{}", [], f"{keyword} index")
+
+
+class RowLsePartial(NodeImpl):
+    role = "store"
+    covers = "per-tile partials of row_lse (online (max, sum-exp) pairs)"
+    header = "epic_nodes/row_lse_partial.hpp"
+
+    @classmethod
+    def matches(cls, b, s) -> bool:
+        v = s.value
+        return P.family(v.op) is P.Family.PARTIAL and v.attrs["axis"] == "row" and v.attrs["fn"] == "lse"
+
+    @classmethod
+    def emit(cls, b, s) -> int:
+        src = b.compute(s.value.args[0])
+        p, i = b.pointer("row_partial", s.tensor, dtypes.F32, "[tiles N, M padded, 2] (max, sum-exp)")
+        return b.add(cls, "epic_nodes::Sm90RowLsePartial<TileShape>", f"{{static_cast<float*>({p})}}", [src],
+                     f"per-tile row lse -> {s.tensor}", i)
+
+
+# ---------------------------------------------------------------- block-scaled quantization
+def _block_fn(fn: str):
+    return lambda v: v.attrs["fn"] == fn
+
+
+def _scale_patterns():
+    x = V("x")
+    amaxes = [Op("block_reduce", Op("abs", x), bind="r", where=_block_fn("max")),
+              Op("block_reduce", x, bind="r", where=_block_fn("amax"))]
+    out = []
+    for amax in amaxes:
+        for floored in (Op("max", amax, C(bind="floor")), Op("max", C(bind="floor"), amax)):
+            out.append(Op("div", x, Op("div", floored, C(bind="qmax"), bind="s")))
+    return out
+
+
+_QUANT_PATTERNS = _scale_patterns()
+
+
+def match_block_quant(v):
+    """(x, block, floor, qmax, scale value) when v = x / (max(block amax of |x|, floor) / qmax)."""
+    for pattern in _QUANT_PATTERNS:
+        binds: dict = {}
+        if pattern.match(v, binds):
+            return (binds["x"], binds["r"].attrs["block"], float(binds["floor"].attrs["value"]),
+                    float(binds["qmax"].attrs["value"]), binds["s"])
+    return None
+
+
+class _BlockScale(NodeImpl):
+    role = "root"
+    header = _BLOCK_SCALE
+    output = 0
+    types: tuple = ()
+
+    @classmethod
+    def matches(cls, b, s) -> bool:
+        t = b.program.tensors[s.tensor]
+        return (s.value.kind is Kind.TILE and s.value.shape.width == 1 and t.dtype in cls.types
+                and match_block_quant(s.value) is not None and floor_ok(s.value))
+
+    @classmethod
+    def claims(cls, b, s) -> list:
+        """The stores of the scale: this node writes them."""
+        scale = match_block_quant(s.value)[4]
+        return [o for o in b.k.stores if o.value is scale]
+
+    @classmethod
+    def emit(cls, b, s) -> int:
+        t = b.program.tensors[s.tensor]
+        x, block, floor, qmax, _ = match_block_quant(s.value)
+        src = b.compute(x)
+        scales = cls.claims(b, s)
+        if scales:
+            st = b.program.tensors[scales[0].tensor]
+            el = st.dtype.cutlass
+            p, i = b.pointer("block_scale", st.name, st.dtype, f"[M, N/{block}] scales")
+            scale_arg = f"static_cast<{el}*>({p})"
+        else:
+            el, i, scale_arg = "float", None, "nullptr"
+        if cls.output == 0:
+            b.set_d(t, t.dtype.cutlass, t.dtype.bits, f"[M, N] {t.dtype}, 1x{block} block-scaled")
+            q_arg = "nullptr"
+        else:
+            pq, iq = b.pointer("int4_store", t.name, t.dtype, "[M, N/2] packed int4")
+            b.aux_elements.append("uint8_t")
+            q_arg = f"static_cast<uint8_t*>({pq})"
+        return b.add(cls, f"epic_nodes::Sm90BlockScale<{block}, {el}, false, 0, {cls.output}>",
+                     f"{{{scale_arg}, {literal(qmax)}, {literal(floor)}, {q_arg}}}", [src],
+                     f"1x{block} block scale -> {t.name}" + (f", scales {scales[0].tensor}" if scales else ""), i)
+
+
+def floor_ok(v) -> bool:
+    """The node needs a positive floor (an all-zero block would divide 0 by 0)."""
+    m = match_block_quant(v)
+    return m is not None and m[2] > 0 and m[3] > 0
+
+
+class BlockScaleD(_BlockScale):
+    covers = ("1xB block-scaled e4m3/e5m2/i8 tiles, q = x / s with s = max(block_amax(x, B), floor) / qmax "
+              "(fp8_e4m3_scale, int8_block_scale), and their scales")
+    output = 0
+    types = QUANT_TYPES
+
+
+class BlockScaleInt4(_BlockScale):
+    covers = "1xB block-scaled i4 tiles (int4_group_scale), packed two per byte, and their scales"
+    output = 1
+    types = (dtypes.I4,)
+
+
+class PackedInt4Store(NodeImpl):
+    role = "store"
+    covers = "i4 tiles, packed two per byte (low nibble = even column)"
+    header = "epic_nodes/packed_int4_store.hpp"
+
+    @classmethod
+    def matches(cls, b, s) -> bool:
+        t = b.program.tensors[s.tensor]
+        return s.value.kind is Kind.TILE and s.value.shape.width == 1 and t.dtype is dtypes.I4
+
+    @classmethod
+    def emit(cls, b, s) -> int:
+        t = b.program.tensors[s.tensor]
+        src = b.compute(s.value, t.dtype)
+        p, i = b.pointer("int4_store", t.name, t.dtype, "[M, N/2] packed int4")
+        return b.add(cls, "epic_nodes::Sm90PackedInt4Store", f"{{static_cast<uint8_t*>({p})}}", [src],
+                     f"store int4 {t.name}", i)

@@ -1,0 +1,308 @@
+// epic_nodes::Sm90BlockScale<Block, ElementScale, Pow2, ScaleLayout, Output>: the ROOT of an epilogue
+// DAG that quantizes its one child x (float) in 1 x Block row segments.
+//
+// For every row m and column segment g = n / Block (valid columns only):
+//   amax  = max |x[m, n]|                    over n in [g*Block, min((g+1)*Block, N))
+//   s     = max(amax, floor) / qmax           (IEEE fp32 division)
+//   Pow2:   s = smallest power of two >= s    (exact, see detail::pow2_ceil)
+//   stored = ElementScale(s)                  written once per (m, g)
+//   q     = x / s                             IEEE fp32 division by the unrounded scale, as the program
+//                                             `q = x / s` says (a multiplication by the exact reciprocal
+//                                             when the scale is a power of two: identical bits)
+//   Output 0: q clamped to [-qmax, qmax]; rintf (half to even) too when ElementD is an integer type.
+//             NaN stays NaN for float outputs and becomes 0 for integer ones (epic's saturation rules).
+//             The collective converts q to ElementD and stores it as D (TMA).
+//   Output 1: D is void; q clamped to [-8, 7], rintf, and column pairs (2k, 2k+1) packed into one byte
+//             (low nibble = even column) stored straight to ptr_q[m * (N/2) + n/2].
+// Scales: ScaleLayout 0: ptr_scale[m * ceil(N/Block) + g]            (row-major [M, ceil(N/Block)])
+//         ScaleLayout 1: ptr_scale[g * round_up(M, 4) + m]           (MN-major, TMA-aligned;
+//                        rows [M, round_up(M,4)) of the padding are not written)
+//
+//   using Node = epic_nodes::Sm90BlockScale<128, float, true, 1, 0>;
+//   Arguments: {ElementScale* ptr_scale, float qmax, float floor, uint8_t* ptr_q /* Output 1 only */}
+//
+// A program that wants q * stored_scale ~ x for a low-precision ElementScale divides by the rounded
+// scale itself (q = x / bf16(s)); that is a different program, and a different node match.
+//
+// Requirements (static_asserts): the epilogue subtile's N is a multiple of Block (a segment never spans
+// two subtiles; e.g. Block 128 on cooperative 128x256 needs an explicit 128x128 epilogue tile), and one
+// warp owns each subtile row. Works entirely in registers: thread-local amax per (row, segment) slot,
+// then an XOR butterfly over the lanes sharing the row; no shared memory, no barrier, deterministic.
+#pragma once
+
+#include <type_traits>
+#include "epic_nodes/detail.hpp"
+
+namespace epic_nodes {
+
+template <int Block, class ElementScale, bool Pow2, int ScaleLayout, int Output>
+struct Sm90BlockScale {
+  static_assert(Block >= 8 && Block <= 256 && (Block & (Block - 1)) == 0,
+                "epic_nodes::Sm90BlockScale: Block must be a power of two in [8, 256]");
+  static_assert(ScaleLayout == 0 || ScaleLayout == 1, "epic_nodes::Sm90BlockScale: ScaleLayout is 0 or 1");
+  static_assert(Output == 0 || Output == 1, "epic_nodes::Sm90BlockScale: Output is 0 (D) or 1 (packed int4)");
+
+  struct SharedStorage {};
+
+  struct Arguments {
+    ElementScale* ptr_scale = nullptr;  // nullptr: quantize but store no scales
+    float qmax = 0.f;                   // e.g. 448 (e4m3), 57344 (e5m2), 127 (int8), 7 or 8 (int4)
+    float floor = 0.f;                  // lower bound of amax (keeps all-zero segments finite): > 0
+    uint8_t* ptr_q = nullptr;           // Output 1: [M, N/2] packed int4 bytes; Output 0: unused (nullptr)
+  };
+
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params
+  to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) { return args; }
+
+  template <class ProblemShape>
+  static bool
+  can_implement(ProblemShape const& problem_shape, Arguments const& args) {
+    auto shape_mnkl = cute::append<4>(problem_shape, 1);
+    bool ok = args.qmax > 0.f;
+    if constexpr (Output == 1) {
+      ok = ok && int(cute::get<1>(shape_mnkl)) % 2 == 0;
+    }
+    return ok;
+  }
+
+  template <class ProblemShape>
+  static size_t
+  get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
+
+  template <class ProblemShape>
+  static cutlass::Status
+  initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                       cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+
+  CUTLASS_HOST_DEVICE Sm90BlockScale() {}
+  CUTLASS_HOST_DEVICE Sm90BlockScale(Params const& params, SharedStorage const&) : params(params) {}
+
+  Params params;
+
+  template <class... Args>
+  CUTLASS_DEVICE auto
+  get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
+    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
+  }
+
+  template <int TileM, class SegMap, class CoordTensor, class Residue, class LaneLayout>
+  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE
+    ConsumerStoreCallbacks(SegMap tSeg, CoordTensor tCcD, Residue residue_tCcD, LaneLayout lane_layout,
+                           int lane_n, bool cta_in_problem, int M, int N, int m0, int g0,
+                           Params const& params)
+      : tSeg(tSeg), tCcD(tCcD), residue_tCcD(residue_tCcD), lane_layout(lane_layout), lane_n(lane_n),
+        cta_in_problem(cta_in_problem), M(M), N(N), m0(m0), g0(g0), params(params) {}
+
+    SegMap tSeg;           // (CPY,CPY_M,CPY_N,EPI_M,EPI_N), value = row + TileM * segment within the CTA tile
+    CoordTensor tCcD;      // element coordinates relative to the thread's first element
+    Residue residue_tCcD;  // (M, N) - absolute coordinate of the thread's first element
+    LaneLayout lane_layout;
+    int lane_n;
+    bool cta_in_problem;
+    int M, N;
+    int m0;                // first row of the CTA tile
+    int g0;                // first segment of the CTA tile (n0 / Block)
+    Params const& params;
+
+    template <class ElementAccumulator, class ElementInput, int FragmentSize>
+    CUTLASS_DEVICE cutlass::Array<float, FragmentSize>
+    visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int, int, int,
+          cutlass::Array<ElementInput, FragmentSize> const& frg_input) {
+      cutlass::NumericArrayConverter<float, ElementInput, FragmentSize> convert;
+      return convert(frg_input);
+    }
+
+    // clamp to [lo, hi]; integers round half to even and take NaN to 0, floats keep NaN
+    CUTLASS_DEVICE static float saturate(float q, float lo, float hi, bool integer) {
+      if (q != q) {
+        return integer ? 0.f : q;
+      }
+      q = fminf(fmaxf(q, lo), hi);
+      return integer ? rintf(q) : q;
+    }
+
+    template <class STensor, class SyncFn, class VTensor>
+    CUTLASS_DEVICE void
+    reduce(STensor&&, SyncFn const&, int epi_m, int epi_n, bool, VTensor visit_results) {
+      using namespace cute;
+      using ElementD = typename cute::remove_cvref_t<STensor>::value_type;  // the collective's smem D type
+      using Fragment = typename cute::remove_cvref_t<VTensor>::value_type;
+      constexpr int FragmentSize = Fragment::kElements;
+      constexpr int NumFragments = decltype(size(visit_results))::value;
+      constexpr bool IntegerOut = Output == 1 || std::is_integral<ElementD>::value;
+      static_assert(std::is_same<typename Fragment::Element, float>::value, "root fragments must be float");
+
+      if (not cta_in_problem) {  // a CTA outside the problem (cluster padding): nothing is stored
+        return;
+      }
+
+      Tensor tCcD_mn = tCcD(_,_,_,epi_m,epi_n);
+      Tensor tSeg_mn = tSeg(_,_,_,epi_m,epi_n);
+      static_assert(decltype(size(tSeg_mn))::value == NumFragments * FragmentSize, "fragment/partition mismatch");
+
+      // 1. thread-local amax per (row, segment) slot, valid elements only
+      Tensor tAmax = make_tensor_like<float>(tSeg_mn.layout());
+      Tensor fAmax = filter(tAmax);
+      Tensor fSeg = filter(tSeg_mn);
+      constexpr int Slots = decltype(size(fAmax))::value;
+      static_assert(decltype(size(fSeg))::value == Slots, "segment map and slots disagree");
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < Slots; ++s) {
+        fAmax(s) = 0.f;
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int v = 0; v < NumFragments; ++v) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; ++i) {
+          int k = v * FragmentSize + i;
+          float a = elem_less(tCcD_mn(k), residue_tCcD) ? fabsf(visit_results(v)[i]) : 0.f;
+          tAmax(k) = fmaxf(tAmax(k), a);
+        }
+      }
+
+      // 2. lanes that share the rows: XOR butterfly max
+      constexpr int RowLanes = decltype(size<1>(lane_layout))::value;
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 1; r < RowLanes; r *= 2) {
+        int mask = int(lane_layout(_0{}, r));
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = 0; s < Slots; ++s) {
+          fAmax(s) = fmaxf(fAmax(s), __shfl_xor_sync(0xffffffffu, fAmax(s), mask));
+        }
+      }
+
+      // 3. scales: the stored copy is rounded to ElementScale; q is divided by the f32 value
+      Tensor tScale = make_tensor_like<float>(tSeg_mn.layout());
+      Tensor fScale = filter(tScale);
+      ElementScale stored[Slots];
+      bool exact_reciprocal = Pow2;
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < Slots; ++s) {
+        float sc = __fdiv_rn(fmaxf(fAmax(s), params.floor), params.qmax);
+        if constexpr (Pow2) {
+          sc = detail::pow2_ceil(sc);
+        }
+        stored[s] = cutlass::NumericConverter<ElementScale, float>{}(sc);
+        fScale(s) = sc;
+        exact_reciprocal = exact_reciprocal && sc >= 0x1p-126f && sc <= 0x1p126f;
+      }
+
+      // 4. rewrite the fragments: q = x / scale, clamp (and round for integer outputs)
+      float const lo = Output == 1 ? -8.f : -params.qmax;
+      float const hi = Output == 1 ? 7.f : params.qmax;
+      if (exact_reciprocal) {  // power-of-two scales: x * (1/s) has the same bits as x / s
+        Tensor tRcp = make_tensor_like<float>(tSeg_mn.layout());
+        Tensor fRcp = filter(tRcp);
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = 0; s < Slots; ++s) {
+          fRcp(s) = 1.f / fScale(s);
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int v = 0; v < NumFragments; ++v) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < FragmentSize; ++i) {
+            visit_results(v)[i] = saturate(visit_results(v)[i] * tRcp(v * FragmentSize + i), lo, hi, IntegerOut);
+          }
+        }
+      } else {
+        CUTLASS_PRAGMA_UNROLL
+        for (int v = 0; v < NumFragments; ++v) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < FragmentSize; ++i) {
+            visit_results(v)[i] = saturate(__fdiv_rn(visit_results(v)[i], tScale(v * FragmentSize + i)), lo, hi,
+                                           IntegerOut);
+          }
+        }
+      }
+
+      // 5. one store per (row, segment), spread over the lanes that share the row
+      if (params.ptr_scale != nullptr) {
+        int const segs_n = (N + Block - 1) / Block;
+        int const m_pad4 = (M + 3) / 4 * 4;
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = 0; s < Slots; ++s) {
+          if (s % RowLanes == lane_n) {
+            int code = int(fSeg(s));
+            int m = m0 + code % TileM;
+            int g = g0 + code / TileM;
+            if (m < M && g * Block < N) {
+              int64_t idx = ScaleLayout == 0 ? int64_t(m) * segs_n + g : int64_t(g) * m_pad4 + m;
+              params.ptr_scale[idx] = stored[s];
+            }
+          }
+        }
+      }
+
+      // 6. Output 1: pack column pairs into int4 bytes and store them
+      if constexpr (Output == 1) {
+        if (params.ptr_q != nullptr) {
+          int64_t const pitch = N / 2;
+          int const m_t = M - int(get<0>(residue_tCcD));
+          int const n_t = N - int(get<1>(residue_tCcD));
+          uint8_t* ptr_thread = params.ptr_q + int64_t(m_t) * pitch + (n_t >> 1);
+          static_assert(FragmentSize % 2 == 0, "odd fragment size");
+          CUTLASS_PRAGMA_UNROLL
+          for (int v = 0; v < NumFragments; ++v) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < FragmentSize / 2; ++j) {
+              auto c = tCcD_mn(v * FragmentSize + 2 * j);  // even column of the pair
+              if (elem_less(c, residue_tCcD)) {
+                uint32_t b0 = uint32_t(__float2int_rn(visit_results(v)[2 * j])) & 0xfu;
+                uint32_t b1 = uint32_t(__float2int_rn(visit_results(v)[2 * j + 1])) & 0xfu;
+                ptr_thread[int64_t(get<0>(c)) * pitch + (int(get<1>(c)) >> 1)] = uint8_t(b0 | (b1 << 4));
+              }
+            }
+          }
+        }
+      }
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto
+  get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
+    using namespace cute;
+    constexpr int TileM = decltype(size<0>(args.tile_shape_mnk))::value;
+    constexpr int TileN = decltype(size<1>(args.tile_shape_mnk))::value;
+    constexpr int EpiN = decltype(size<1>(shape(args.epi_tile)))::value;
+    static_assert(EpiN % Block == 0,
+                  "epic_nodes::Sm90BlockScale: the epilogue subtile N must be a multiple of Block; "
+                  "choose an explicit epilogue tile with N >= Block (see tests/probes/README.md)");
+    static_assert(TileN % Block == 0, "epic_nodes::Sm90BlockScale: CTA tile N must be a multiple of Block");
+
+    auto warp_layout = detail::warp_layout_mn<ReferenceSrc>(args.tiled_copy);
+    static_assert(decltype(size<1>(warp_layout))::value == 1,
+                  "epic_nodes::Sm90BlockScale: several warps share a row segment; not supported");
+    auto lane_layout = detail::lane_layout_mn<ReferenceSrc>(args.tiled_copy);
+    int lane_n = detail::lane_n_index(lane_layout, int(threadIdx.x % 32));
+
+    // Segment map: value at (m, n) of the CTA tile is m + TileM * (n / Block); zero stride inside a
+    // segment gives one slot per (row, segment).
+    auto seg_layout = make_layout(
+        make_shape(Int<TileM>{}, make_shape(Int<Block>{}, Int<TileN / Block>{})),
+        make_stride(_1{}, make_stride(_0{}, Int<TileM>{})));
+    auto tSeg = detail::partition_tile_map<ReferenceSrc>(seg_layout, args.epi_tile, args.tiled_copy, args.thread_idx);
+
+    auto [M, N, K, L] = args.problem_shape_mnkl;
+    auto [m, n, k, l] = args.tile_coord_mnkl;
+    int m0 = int(m) * TileM;
+    int n0 = int(n) * TileN;
+    bool cta_in_problem = m0 < int(M) && n0 < int(N);
+
+    return ConsumerStoreCallbacks<TileM, decltype(tSeg), decltype(args.tCcD), decltype(args.residue_tCcD),
+                                  decltype(lane_layout)>(
+        tSeg, args.tCcD, args.residue_tCcD, lane_layout, lane_n, cta_in_problem,
+        int(M), int(N), m0, n0 / Block, params);
+  }
+};
+
+} // namespace epic_nodes

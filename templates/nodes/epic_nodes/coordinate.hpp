@@ -1,0 +1,91 @@
+// epic_nodes::Sm90Coordinate<Axis>: a leaf that yields each fragment element's absolute row (Axis 0)
+// or column (Axis 1) index in the problem, as float (exact below 2^24).
+//
+//   using NodeRow = epic_nodes::Sm90Coordinate<0>;   // Arguments: {}
+//   using NodeCol = epic_nodes::Sm90Coordinate<1>;   // Arguments: {}
+//
+// Elements outside the problem (ragged edges) get their would-be index (>= M or >= N); whoever
+// consumes them masks as usual.
+#pragma once
+
+#include "epic_nodes/detail.hpp"
+
+namespace epic_nodes {
+
+template <int Axis>
+struct Sm90Coordinate {
+  static_assert(Axis == 0 || Axis == 1, "epic_nodes::Sm90Coordinate: Axis must be 0 (row) or 1 (column)");
+
+  struct SharedStorage {};
+  struct Arguments {};
+  struct Params {};
+
+  template <class ProblemShape>
+  static constexpr Params
+  to_underlying_arguments(ProblemShape const&, Arguments const&, void*) { return {}; }
+
+  template <class ProblemShape>
+  static bool
+  can_implement(ProblemShape const&, Arguments const&) { return true; }
+
+  template <class ProblemShape>
+  static size_t
+  get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
+
+  template <class ProblemShape>
+  static cutlass::Status
+  initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                       cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+
+  CUTLASS_HOST_DEVICE Sm90Coordinate() {}
+  CUTLASS_HOST_DEVICE Sm90Coordinate(Params const& params, SharedStorage const&) : params(params) {}
+
+  // A data member keeps the node non-empty: cute::tuple hands out empty elements by value, and the
+  // visitor's `[&] (auto& op)` lambdas need an lvalue.
+  Params params;
+
+  template <class... Args>
+  CUTLASS_DEVICE auto
+  get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
+    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
+  }
+
+  template <class CoordTensor>
+  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE
+    ConsumerStoreCallbacks(CoordTensor tCcD, int base) : tCcD(tCcD), base(base) {}
+
+    CoordTensor tCcD;  // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) coordinates relative to this thread's first element
+    int base;          // absolute index (along Axis) of this thread's first element
+
+    template <class ElementAccumulator, int FragmentSize>
+    CUTLASS_DEVICE cutlass::Array<float, FragmentSize>
+    visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n) {
+      using namespace cute;
+      Tensor tCcD_mn = tCcD(_,_,_,epi_m,epi_n);
+      cutlass::Array<float, FragmentSize> out;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) {
+        out[i] = float(base + int(get<Axis>(tCcD_mn(epi_v * FragmentSize + i))));
+      }
+      return out;
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto
+  get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
+    using namespace cute;
+    // residue_tCcD = (M, N) - absolute coordinate of the thread's first element
+    int extent = int(get<Axis>(args.problem_shape_mnkl));
+    int base = extent - int(get<Axis>(args.residue_tCcD));
+    return ConsumerStoreCallbacks<decltype(args.tCcD)>(args.tCcD, base);
+  }
+};
+
+} // namespace epic_nodes

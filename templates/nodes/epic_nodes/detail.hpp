@@ -1,0 +1,128 @@
+// epic custom sm90 EVT nodes: helpers shared by the node headers (not a node itself).
+//
+// Every node header includes this one, so a generated gemm only includes the node headers it uses.
+// Written for CUTLASS 4.2 (sm90 TMA warp-specialized epilogue, Sm90TopologicalVisitor).
+//
+// Vocabulary used in the nodes:
+//   - "subtile": one epilogue tile (EPI_TILE_M x EPI_TILE_N) of the CTA tile; the collective visits
+//     the subtiles one after another and calls reduce() once per subtile with that subtile's root
+//     fragment.
+//   - "slot": a per-thread register that several fragment elements share (one per row for a row
+//     reduction, one per (row, 1xBlock column segment) for a block reduction). Slots are built the way
+//     the stock reductions build theirs: partition a tile-shaped layout whose strides are zero along the
+//     reduced columns with the same tiled copy as the accumulator, then take a compact register tensor
+//     "like" it (static zero strides survive). Element k of the fragment and slot tensor(k) then refer
+//     to the same row (segment) by construction, for whatever thread-value layout CUTLASS picks.
+//   - "row lanes": the lanes of a warp that hold elements of the same rows (the quad of an sm90 wgmma
+//     accumulator). A row (segment) reduction is a thread-local step plus an XOR butterfly over them.
+#pragma once
+
+#include <cstdint>
+#include <cmath>
+#include <cstring>
+
+#include "cutlass/cutlass.h"
+#include "cutlass/array.h"
+#include "cutlass/numeric_conversion.h"
+#include "cute/tensor.hpp"
+#include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
+
+namespace epic_nodes {
+namespace detail {
+
+using namespace cute;
+
+// Maps (m, n) of the reference tile of a tiled copy to the thread-value index, i.e. the inverse of the
+// copy's TV layout, for register tensors that reference the copy's source (ReferenceSrc) or destination.
+template <bool ReferenceSrc, class TiledCopy>
+CUTE_HOST_DEVICE constexpr auto
+tile_mn_to_tv(TiledCopy const& tiled_copy) {
+  auto mn_shape = shape(typename TiledCopy::Tiler_MN{});
+  if constexpr (ReferenceSrc) {
+    return right_inverse(tiled_copy.get_layoutS_TV()).with_shape(mn_shape);
+  } else {
+    return right_inverse(tiled_copy.get_layoutD_TV()).with_shape(mn_shape);
+  }
+}
+
+// (lane_m, lane_n) -> lane index: which lanes of a warp cover the rows (mode 0) and the columns
+// (mode 1) of the copy tile. Lanes that differ only in lane_n hold the same rows.
+template <bool ReferenceSrc, class TiledCopy>
+CUTE_HOST_DEVICE constexpr auto
+lane_layout_mn(TiledCopy const& tiled_copy) {
+  constexpr int kWarps = TiledCopy::TiledNumThr::value / 32;
+  // tv index -> lane: thread index modulo 32 (values and warps do not change the lane)
+  auto tv_to_lane = Layout<Shape<_32, Int<kWarps>, _1>, Stride<_1, _0, _0>>{};
+  auto mn_to_lane = composition(tv_to_lane, tile_mn_to_tv<ReferenceSrc>(tiled_copy));
+  return make_layout(filter(get<0>(mn_to_lane)), filter(get<1>(mn_to_lane)));
+}
+
+// (warp_m, warp_n) -> warp index within the consumer threads.
+template <bool ReferenceSrc, class TiledCopy>
+CUTE_HOST_DEVICE constexpr auto
+warp_layout_mn(TiledCopy const& tiled_copy) {
+  constexpr int kWarps = TiledCopy::TiledNumThr::value / 32;
+  auto tv_to_warp = Layout<Shape<_32, Int<kWarps>, _1>, Stride<_0, _1, _0>>{};
+  auto mn_to_warp = composition(tv_to_warp, tile_mn_to_tv<ReferenceSrc>(tiled_copy));
+  return make_layout(filter(get<0>(mn_to_warp)), filter(get<1>(mn_to_warp)));
+}
+
+// A counting tensor over the CTA tile whose value at (m, n) is `layout(m, n)`, partitioned exactly like
+// the accumulator fragment: (CPY, CPY_M, CPY_N, EPI_M, EPI_N). With a layout that has zero strides along
+// the columns that share a slot, filter() of the partition enumerates the thread's distinct slots and
+// its values say which tile row / segment each slot is.
+template <bool ReferenceSrc, class TileLayout, class EpiTile, class TiledCopy>
+CUTE_HOST_DEVICE constexpr auto
+partition_tile_map(TileLayout const& tile_layout, EpiTile const& epi_tile, TiledCopy const& tiled_copy, int thread_idx) {
+  auto cT = make_coord_tensor(tile_layout);
+  return cutlass::epilogue::fusion::detail::sm90_partition_for_epilogue<ReferenceSrc>(
+      cT, epi_tile, tiled_copy, thread_idx);
+}
+
+// Linear index of this lane along the row-lane group (0 .. size<1>(lane_layout)-1).
+template <class LaneLayout>
+CUTE_HOST_DEVICE int
+lane_n_index(LaneLayout const& lane_layout, int lane_idx) {
+  auto inv = right_inverse(lane_layout);
+  auto lane_mn = idx2crd(inv(lane_idx), shape(lane_layout));
+  return int(crd2idx(get<1>(lane_mn), shape<1>(lane_layout)));
+}
+
+// Online log-sum-exp merge of (m1, s1) and (m2, s2): m = max, s = s1*exp(m1-m) + s2*exp(m2-m).
+// A side whose max equals the merged max keeps its sum unscaled, so -inf with -inf gives (-inf, 0)
+// (no -inf - -inf). Symmetric bit for bit: merge(a, b) == merge(b, a).
+CUTLASS_DEVICE void
+lse_merge(float& m1, float& s1, float m2, float s2) {
+  float m = fmaxf(m1, m2);
+  float a = (m1 == m) ? s1 : s1 * __expf(m1 - m);
+  float b = (m2 == m) ? s2 : s2 * __expf(m2 - m);
+  m1 = m;
+  s1 = a + b;
+}
+
+// Smallest power of two >= s, exactly (bit manipulation, no log2f/exp2f rounding): what
+// exp2f(ceilf(log2f(s))) means mathematically. 0, negative, inf and NaN pass through.
+CUTLASS_HOST_DEVICE float
+pow2_ceil(float s) {
+  uint32_t bits;
+  memcpy(&bits, &s, 4);
+  uint32_t e = (bits >> 23) & 0xffu;
+  uint32_t mant = bits & 0x7fffffu;
+  if ((bits >> 31) || e == 0xffu || bits == 0) {
+    return s;
+  }
+  if (e == 0) {  // subnormal: 2^ceil(log2(mant)) * 2^-149
+    int p = 0;
+    while ((1u << p) < mant) { ++p; }
+    int exp2 = p - 149;
+    if (exp2 >= -126) { bits = uint32_t(exp2 + 127) << 23; }
+    else              { bits = 1u << p; }
+  } else if (mant != 0) {
+    bits = (e + 1) << 23;  // e == 0xfe rounds up to +inf
+  }
+  memcpy(&s, &bits, 4);
+  return s;
+}
+
+} // namespace detail
+} // namespace epic_nodes
