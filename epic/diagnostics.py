@@ -16,6 +16,7 @@ CODES = {
     "E103": "unexpected end of file",
     "E104": "a `use` file cannot be read (missing, not a regular UTF-8 .epi file, or too large)",
     "E105": "the program is nested too deeply",
+    "E106": "chained comparison (a < b < c)",
     "E201": "unknown name or tensor",
     "E202": "name defined twice, or a reserved name",
     "E203": "wrong number or kind of arguments",

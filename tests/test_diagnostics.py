@@ -34,6 +34,7 @@ CASES = {
     "E215": "gemm g(x: bf16[M, K] @ w: bf16[K, N]) with schedule=$fast {\n  out y: bf16 = acc\n}\n",
     "E216": "gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile=64x128x64, schedule=$cooperative {\n  out y: bf16 = acc\n}\n",
     "E104": '$use "no_such_library.epi"\n' + GEMM + "  out y: bf16 = acc\n}\n",
+    "E106": GEMM + "  out y: bf16 = select(0 < acc $< 1, acc, 0)\n}\n",
     "E105": GEMM + "  out y: bf16 = " + "-" * 5000 + "$acc\n}\n",
     "E301": GEMM + "  in gamma: bf16[N]\n  out n: bf16 = $rmsnorm(acc, gamma)\n}\n",
     "E302": GEMM + "  out y: bf16 = $acc - col_mean(acc)\n}\n",
@@ -144,3 +145,14 @@ def test_per_column_statistic_cannot_be_deferred():
         analyze(prog)
     assert info.value.codes == ["E501"]
     assert "per-column statistic" in str(info.value)
+
+
+def test_a_labels_vector_of_the_wrong_kind_is_refused_where_it_is_passed():
+    """row_pick's label holds one column index per row: a row vector [V] is a mistake (issue 10)."""
+    text, line, column = marked("gemm g(x: bf16[M, K] @ w: bf16[K, V]) {\n  in label: i32[V]\n"
+                                "  out l: f32[M] = row_lse(acc) - row_pick(acc, $label)\n}\n")
+    with pytest.raises(EpicError) as info:
+        analyze(text)
+    d = info.value.diagnostics[0]
+    assert d.code == "E206" and (d.span.line, d.span.column) == (line, column)
+    assert "must be a column vector" in d.message and "label: col" in str(info.value)

@@ -84,10 +84,10 @@ def check_close(name, got, want, dtype):
 
 
 def _recompute(prog, inputs, out, sizes, plan, name):
-    """The reference value of intermediate `name`, computed from the GPU's values of every other
-    intermediate (so only the kernel that stores `name` is under test)."""
+    """The reference value of `name`, computed from the GPU's values of every other tensor the kernels
+    store (outputs a later kernel reads included), so only the kernel that stores `name` is under test."""
     others = {t.name: as_values(out[t.name], t.dtype.name) for t in prog.program.tensors.values()
-              if t.role in ("tmp", "buffer", "partial") and t.name != name}
+              if t.role in ("out", "tmp", "buffer", "partial") and t.name != name}
     interp = reference.Interpreter(prog.program, sizes, exact=False, tiles=plan.tiles())
     interp.run(inputs, override=others)
     return interp.store[name]
@@ -104,10 +104,8 @@ def test_kernel_matches_reference(name, size):
     torch.cuda.synchronize()
     plan = prog.plan(sizes)
     checked = [t for t in prog.program.tensors.values() if t.role in ("out", "tmp", "buffer", "partial")]
-    interp = reference.Interpreter(prog.program, sizes, exact=False, tiles=plan.tiles())
-    interp.run(inputs, override={t.name: as_values(out[t.name], t.dtype.name) for t in checked if t.role != "out"})
     for t in checked:
-        want = interp.store[t.name] if t.role == "out" else _recompute(prog, inputs, out, sizes, plan, t.name)
+        want = _recompute(prog, inputs, out, sizes, plan, t.name)
         try:
             check_close(t.name, as_values(out[t.name], t.dtype.name), want, t.dtype.name)
         except AssertionError as e:
@@ -169,7 +167,8 @@ def test_cross_entropy_without_logits(m, v):
     out = prog(x=x, w=w.t(), label=label)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
-    assert peak < m * v * 2 // 4, f"the call allocated {peak:,} bytes; [M, V] bf16 logits would be {m * v * 2:,}"
+    if m * v >= 1 << 22:     # (tiny vocabularies: the per-tile partials are as large as logits would be)
+        assert peak < m * v * 2 // 8, f"the call allocated {peak:,} bytes; [M, V] bf16 logits would be {m * v * 2:,}"
     logits = x.double() @ w.double().t()
     want = F.cross_entropy(logits, label.long(), reduction="none")
     lse = torch.logsumexp(logits, -1)

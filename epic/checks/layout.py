@@ -59,7 +59,9 @@ _HINTS = {
 def requirements(program: Program) -> list[Requirement]:
     reqs: list[Requirement] = []
     for t in program.tensors.values():
-        if len(t.dims) != 2:
+        # block values (quantization scales) and packed int4 tiles are written by the epilogue's own
+        # stores, not by TMA: only tiles, operands and partials have the 16-byte rule
+        if len(t.dims) != 2 or t.block or t.dtype is dtypes.I4:
             continue
         contiguous = t.dims[0] if t.layout == "kmajor" else t.dims[1]
         per16 = Fraction(TMA_BYTES * 8, t.dtype.bits)   # elements per 16 bytes
@@ -69,11 +71,16 @@ def requirements(program: Program) -> list[Requirement]:
     for k in program.kernels:
         if k.kind != "gemm":
             continue
+        pairs: dict[tuple, tuple] = {}      # one requirement per place and width (rope: even and odd)
         for v in k.values:
             if P.prim(v.op).pair_part is not None:
-                w = v.args[0].shape.width
-                reqs.append(Requirement(k.n * w, 2, "E401", v.span, f"the width of {v.op}'s operand",
-                                        "columns are paired (2k, 2k+1)"))
+                width = k.n * v.args[0].shape.width
+                _, _, ops = pairs.setdefault((str(v.span), str(width)), (v.span, width, []))
+                if v.op not in ops:
+                    ops.append(v.op)
+        for span, width, ops in pairs.values():
+            reqs.append(Requirement(width, 2, "E401", span, f"the width paired by {' and '.join(ops)}",
+                                    "columns are paired (2k, 2k+1)"))
         for s in k.stores:
             t = program.tensors[s.tensor]
             if t.dtype is dtypes.I4:
@@ -133,6 +140,7 @@ def _width_changes(k: GemmKernel) -> list[Diagnostic]:
 
 def _block_sizes(k: GemmKernel) -> list[Diagnostic]:
     out = []
+    tile = k.options.get("tile")     # fixed in the file: a block must divide its width
     for v in k.values:
         if P.family(v.op) is P.Family.BLOCK:
             b = v.attrs["block"]
@@ -140,6 +148,10 @@ def _block_sizes(k: GemmKernel) -> list[Diagnostic]:
                 out.append(Diagnostic("E404", f"block size {b} must be a power of two between 8 and {MAX_TILE_N}",
                                       v.span, "a block must divide the tile width (64, 128 or 256 columns): "
                                       "use 32, 64 or 128"))
+            elif tile and tile[1] % b:
+                out.append(Diagnostic("E404", f"block size {b} does not divide the tile width {tile[1]} of gemm "
+                                      f"'{k.name}' (with tile={'x'.join(map(str, tile))})", v.span,
+                                      f"pick a tile width that is a multiple of {b}, or a smaller block"))
     return out
 
 

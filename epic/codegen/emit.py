@@ -81,7 +81,7 @@ def render_combine(spec: combine.CombineSpec) -> str:
 
 
 def kernel_configs(program: Program, m: int, overrides: dict | None = None) -> dict[str, config_mod.KernelConfig]:
-    return {k.name: config_mod.choose(k, m, (overrides or {}).get(k.name))
+    return {k.name: config_mod.choose(k, m, (overrides or {}).get(k.name), program.tensors)
             for k in program.kernels if k.kind == "gemm"}
 
 

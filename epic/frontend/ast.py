@@ -124,11 +124,16 @@ class Gemm:
     span: Span
 
 
+# what a definition's parameter may be declared as (`def row_pick(x, label: col)`)
+PARAM_KINDS = ("tile", "row", "col", "scalar", "block")
+
+
 @dataclass
 class Param:
     name: str
     default: Expr | None
     span: Span
+    kind: str | None = None     # one of PARAM_KINDS: the argument must have that shape kind
 
 
 @dataclass

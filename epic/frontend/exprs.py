@@ -27,20 +27,31 @@ class ExprLowering:
         self.origin: int | None = None       # the outermost inlined call being expanded
         self.origins = 0
         self.inlined: dict[tuple, Value] = {}
+        self.made = 0                        # values made so far (bounded: see MAX_VALUES)
 
     # ------------------------------------------------------------------ building values
     def span(self, e) -> Span:
         # values made inside an inlined definition point at the outermost call in the user's file
         return self.call_stack[0][1] if self.call_stack else e.span
 
+    def _count(self, span: Span) -> None:
+        self.made += 1
+        if self.made > MAX_VALUES:
+            raise error("E105", f"the program expands to more than {MAX_VALUES:,} operations in one gemm", span,
+                        "definitions that call another twice with different arguments double at each level "
+                        "(def f2(x) = f1(f1(x))): nest fewer of them, or split the work over several gemms")
+
     def make(self, op: str, args: tuple, attrs: dict, span: Span) -> Value:
+        self._count(span)
         try:
             return make(op, args, attrs, span, origin=self.origin)
         except P.TypeRuleError as e:
             notes = [(self.scope.defs[name].span, f"in the expansion of {name}") for name, _ in reversed(self.call_stack)]
-            raise error(e.code, e.message, span, e.hint, notes) from None
+            raise error(e.code, e.message, span, e.hint or "`epic ops` lists each operation and what it takes",
+                        notes) from None
 
     def const(self, x: float | int, span: Span, is_int: bool = False) -> Value:
+        self._count(span)
         return const(int(x) if is_int else x, dtypes.I32 if is_int else dtypes.F32, span, origin=self.origin)
 
     # ------------------------------------------------------------------ expressions
@@ -88,15 +99,18 @@ class ExprLowering:
         if found is not None:
             return found
         if e.id in self.scope.defs:
-            raise error("E201", f"'{e.id}' is a definition; call it: {e.id}(...)", span)
-        raise error("E201", f"unknown name '{e.id}'", span, suggest(e.id, list(env) + self.scope.names()))
+            raise error("E201", f"'{e.id}' is a definition; call it: {e.id}(...)", span,
+                        f"{e.id} takes arguments: write {e.id}(...)")
+        raise error("E201", f"unknown name '{e.id}'", span, suggest(e.id, list(env) + self.scope.names()) or
+                    f"declare it (in {e.id}: bf16[M, N]) or bind it (h = ...) before this line")
 
     def _pow(self, e: ast.Pow, env) -> Value:
         x = self.expr(e.base, env)
         p = self.int_literal(e.exponent, env, "the exponent",
                              "only integer powers are built in; write exp(y * log(x)) for others")
         if abs(p) > 64:
-            raise error("E212", f"exponent {p} is too large (|p| <= 64)", e.exponent.span)
+            raise error("E212", f"exponent {p} is too large (|p| <= 64)", e.exponent.span,
+                        "write exp(n * log(x)) for larger powers of a positive x")
         return self.make("powi", (x,), {"exp": p}, self.span(e))
 
     def int_literal(self, e, env, what: str, hint: str) -> int:
@@ -111,27 +125,33 @@ class ExprLowering:
             return self._inline(e, env)
         c = P.call(f)
         if c is None:
+            if f in env or f in P.KEYWORDS or f in self.scope.names():
+                raise error("E211", f"'{f}' is a value, not a function", span,
+                            f"use {f} without parentheses; to multiply, write {f} * (...)")
             raise error("E211", f"unknown function '{f}'", span,
-                        suggest(f, list(self.scope.defs) + sorted(P.BUILTIN_NAMES)))
-        self._arity(e, c.arity)
+                        suggest(f, list(self.scope.defs) + sorted(P.BUILTIN_NAMES)) or
+                        "`epic ops` lists the built-in functions; `def` defines new ones")
+        self._arity(e, c.arity, f"{f}({', '.join(['x', 'y', 'z'][:c.primitive.arity] + list(c.literal_args))})")
         n = c.primitive.arity
         args = tuple(self.expr(a, env) for a in e.args[:n])
         attrs = dict(c.attrs)
         for name, a in zip(c.literal_args, e.args[n:]):
             value = self.int_literal(a, env, f"the {name} size", f"e.g. {f}(x, 128)")
             if value <= 0:
-                raise error("E212", f"the {name} size must be positive", a.span)
+                raise error("E212", f"the {name} size must be positive", a.span, f"e.g. {f}(x, 128)")
             attrs[name] = value
         p = c.primitive
         if p.family is P.Family.PAIR and p.pair_part is not None and args[0].kind in (Kind.COL, Kind.SCALAR):
             return args[0]   # constant along the row: both columns of every pair hold the same value
         return self.make(p.name, args, attrs, span)
 
-    def _arity(self, e: ast.Call, n: int) -> None:
+    def _arity(self, e: ast.Call, n: int, signature: str) -> None:
         if e.kwargs:
-            raise error("E203", f"{e.func} takes no keyword arguments", e.kwarg_spans[next(iter(e.kwargs))])
+            raise error("E203", f"{e.func} takes no keyword arguments", e.kwarg_spans[next(iter(e.kwargs))],
+                        f"pass its arguments by position: {signature}")
         if len(e.args) != n:
-            raise error("E203", f"{e.func} takes {n} argument{'s' if n != 1 else ''}, got {len(e.args)}", self.span(e))
+            raise error("E203", f"{e.func} takes {n} argument{'s' if n != 1 else ''}, got {len(e.args)}", self.span(e),
+                        f"call it as {signature} (`epic ops` lists every built-in function)")
 
     # ------------------------------------------------------------------ definitions
     def _inline(self, e: ast.Call, env) -> Value:
@@ -146,14 +166,22 @@ class ExprLowering:
             raise error("E203", f"{d.name} takes {len(names)} argument{'s' if len(names) != 1 else ''}, got "
                         f"{len(e.args)}", span, signature)
         bound: dict[str, Value] = {}
+        spans: dict[str, Span] = {}
         for p, a in zip(d.params, e.args):
-            bound[p.name] = self.expr(a, env)
+            bound[p.name], spans[p.name] = self.expr(a, env), a.span
         for key, a in e.kwargs.items():
             if key not in names:
                 raise error("E203", f"{d.name} has no parameter '{key}'", e.kwarg_spans[key], signature)
             if key in bound:
-                raise error("E203", f"argument '{key}' given twice", e.kwarg_spans[key])
-            bound[key] = self.expr(a, env)
+                raise error("E203", f"argument '{key}' given twice", e.kwarg_spans[key],
+                            f"{signature}: '{key}' is already given by position")
+            bound[key], spans[key] = self.expr(a, env), a.span
+        for p in d.params:
+            if p.kind and p.name in bound and bound[p.name].kind.value != p.kind:
+                got = bound[p.name].shape.describe()
+                raise error("E206", f"argument '{p.name}' of {d.name} must be a {_KIND_WORDS[p.kind]}, got a {got}",
+                            spans[p.name] if not self.call_stack else span, f"{signature}: see its definition",
+                            [(p.span, f"'{p.name}' is declared `{p.name}: {p.kind}`")])
         self.call_stack.append((d.name, span))
         outermost = len(self.call_stack) == 1
         if outermost:
@@ -171,7 +199,8 @@ class ExprLowering:
             local = dict(bound)
             for let in d.lets:
                 if let.name in local:
-                    raise error("E202", f"'{let.name}' is assigned twice in '{d.name}'", let.span)
+                    raise error("E202", f"'{let.name}' is assigned twice in '{d.name}'", let.span,
+                                "values are immutable: pick a new name")
                 local[let.name] = self.expr(let.expr, local)
             result = self.expr(d.result, local)
             self.inlined[key] = result
@@ -180,6 +209,14 @@ class ExprLowering:
             self.call_stack.pop()
             if not self.call_stack:
                 self.origin = None
+
+
+# Values one gemm's epilogue may expand to: 5x a sum of 3,000 terms. Definitions that double at
+# each level reach it after about 16 levels (1.5 s) instead of running for hours at 30.
+MAX_VALUES = 50_000
+
+_KIND_WORDS = {"tile": "tile", "row": "row vector (one value per column, e.g. [N])",
+               "col": "column vector (one value per row, e.g. [M])", "scalar": "scalar", "block": "block value"}
 
 
 def suggest(name: str, candidates: list[str]) -> str | None:

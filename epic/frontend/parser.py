@@ -47,7 +47,7 @@ def parse(text: str, name: str = "<string>") -> ast.Module:
     except lark.exceptions.UnexpectedCharacters as e:
         span = Span(source, e.line, e.column)
         ch = text[e.pos_in_stream] if e.pos_in_stream is not None and e.pos_in_stream < len(text) else "?"
-        hint = f"expected {_expected(e.allowed)}" if e.allowed else None
+        hint = f"expected {_expected(e.allowed)}" if e.allowed else "names, numbers and operators are ASCII"
         raise EpicError(Diagnostic("E101", f"unexpected character {ch!r}", span, hint)) from None
     except lark.exceptions.UnexpectedToken as e:
         if e.token.type == "$END":
@@ -120,13 +120,15 @@ class _ToAst(Transformer):
             if isinstance(a, tuple):
                 key, value, span = a
                 if key in kw:
-                    raise EpicError(Diagnostic("E203", f"argument '{key}' given twice", span))
+                    raise EpicError(Diagnostic("E203", f"argument '{key}' given twice", span,
+                                               f"give '{key}' once"))
                 kw[key] = value
                 kw_spans[key] = span
             else:
                 if kw:
                     raise EpicError(Diagnostic("E203", "positional argument after a keyword argument",
-                                               _expr_span(a)))
+                                               _expr_span(a), "put positional arguments first, as in Python: "
+                                               "f(x, y, eps=1e-6)"))
                 pos.append(a)
         return ast.Call(str(func), pos, kw, self._span(meta), kw_spans)
 
@@ -145,7 +147,18 @@ class _ToAst(Transformer):
     @v_args(meta=True)
     def pow(self, meta, children):
         return ast.Pow(children[0], children[1], self._span(meta))
-    eq, ne, lt, le, gt, ge = _binop("eq"), _binop("ne"), _binop("lt"), _binop("le"), _binop("gt"), _binop("ge")
+    _COMPARISONS = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
+
+    @v_args(meta=True)
+    def comparison(self, meta, children):
+        if len(children) > 3:     # a < b < c: Python would mean (a < b) and (b < c); the language has no `and`
+            op = children[3]
+            raise EpicError(Diagnostic(
+                "E106", "chained comparisons are not supported", self._span(op),
+                "compare twice and combine with select, e.g. select(a < b, select(b < c, x, y), y) "
+                "for `x if a < b < c else y`"))
+        lhs, op, rhs = children
+        return ast.BinOp(self._COMPARISONS[str(op)], lhs, rhs, self._span(meta))
 
     @v_args(meta=True)
     def neg(self, meta, children):
@@ -219,14 +232,19 @@ class _ToAst(Transformer):
         if rest and isinstance(rest[0], list):
             for key, value, span in rest[0]:
                 if key in options:
-                    raise EpicError(Diagnostic("E202", f"option '{key}' given twice", span))
+                    raise EpicError(Diagnostic("E202", f"option '{key}' given twice", span,
+                                               f"keep one {key}=... in the `with` list"))
                 options[key] = value
             body = rest[1:]
         return ast.Gemm(str(name), a, b, options, list(body), self._span(meta))
 
     @v_args(meta=True)
     def param(self, meta, children):
-        return ast.Param(str(children[0]), children[1] if len(children) > 1 else None, self._span(meta))
+        name, kind, default = children
+        if kind is not None and str(kind) not in ast.PARAM_KINDS:
+            raise EpicError(Diagnostic("E204", f"unknown kind '{kind}' for parameter '{name}'", self._span(kind),
+                                       "kinds: " + ", ".join(ast.PARAM_KINDS)))
+        return ast.Param(str(name), default, self._span(meta), str(kind) if kind is not None else None)
 
     def params(self, children):
         return list(children)

@@ -92,15 +92,70 @@ def block_sizes(kernel) -> set[int]:
            {v.shape.block for v in kernel.values if v.kind is Kind.BLOCK and v.shape.block}
 
 
-def heuristic(m: int, blocks: set[int] | None = None) -> KernelConfig:
-    if m <= 256:
-        cfg = KernelConfig("pingpong", (64, 64, 64), (1, 1))
-    else:
-        cfg = KernelConfig("cooperative", (128, 256, 64), (2, 1), swizzle=8)
+# ---------------------------------------------------------------- shared memory
+# An sm90 kernel's shared memory holds the mainloop's pipeline stages and the epilogue's buffers;
+# CUTLASS gives the mainloop what the epilogue leaves and fails to compile below 2 stages (E217).
+# The epilogue's share, as CUTLASS's sm90 builder sizes it (epilogue/collective/builders/
+# sm90_builder.inl): D and every aux store take StagesD = min(subtiles, 2) subtiles, every aux load
+# StagesC = min(subtiles, 4). The plan only picks configurations that leave 2 stages.
+SMEM_BYTES = 232448          # the H100/H200 per-block limit (227 KiB)
+SMEM_RESERVE = 4096          # barriers, the tile scheduler, reduction scratch, row/column vectors
+
+
+def _epilogue_tile(cfg: KernelConfig, narrow_d: bool) -> tuple[int, int]:
+    if cfg.epi_tile:
+        return cfg.epi_tile
+    m = 128 if cfg.schedule == "cooperative" else 64
+    return (m, 64 if narrow_d and cfg.tile_n % 64 == 0 else 32)    # CUTLASS's EpilogueTileAuto
+
+
+def smem_estimate(kernel, tensors: dict, cfg: KernelConfig) -> tuple[int, int]:
+    """(epilogue bytes, bytes of one mainloop stage) of this gemm at this configuration."""
+    store_bytes = [_stored_bytes(tensors[s.tensor].dtype, s.value) for s in kernel.stores if s.value.kind is Kind.TILE]
+    load_bytes = [v.dtype.bits / 8 * v.shape.width for v in kernel.values
+                  if P.prim(v.op).reads == "tensor" and v.kind is Kind.TILE]
+    narrow = bool(store_bytes) and store_bytes[0] <= 1
+    em, en = _epilogue_tile(cfg, narrow)
+    subtiles = (cfg.tile_m // em) * (cfg.tile_n // en)
+    stages_d, stages_c = min(subtiles, 2), min(subtiles, 4)
+    epi = em * en * (stages_d * sum(store_bytes or [2]) + stages_c * sum(load_bytes))
+    stage = (cfg.tile_m + cfg.tile_n) * cfg.tile[2] * tensors[kernel.a].dtype.bits // 8
+    return int(epi), stage
+
+
+def _stored_bytes(dtype, value) -> float:
+    """Bytes per accumulator element a tile store stages in shared memory (a half-width bf16 tile is
+    one byte, a double-width one four; int4 is stored without shared memory)."""
+    return 0.0 if dtype.bits < 8 else dtype.bits / 8 * float(value.shape.width)
+
+
+def fits(kernel, tensors: dict, cfg: KernelConfig) -> bool:
+    epi, stage = smem_estimate(kernel, tensors, cfg)
+    return epi + 2 * stage <= SMEM_BYTES - SMEM_RESERVE
+
+
+# What large M tries, best first (the sweep in docs/PERFORMANCE.md), until one fits in shared memory.
+LARGE_M = [KernelConfig("cooperative", (128, 256, 64), (2, 1), swizzle=8),
+           KernelConfig("cooperative", (128, 128, 64), (2, 1), swizzle=8),
+           KernelConfig("cooperative", (128, 64, 64), (2, 1), swizzle=8),
+           KernelConfig("pingpong", (64, 64, 64), (1, 1), swizzle=8)]
+SMALL_M = [KernelConfig("pingpong", (64, 64, 64), (1, 1))]
+
+
+def _with_blocks(cfg: KernelConfig, blocks) -> KernelConfig:
     for b in blocks or ():
         if cfg.tile_n % b:   # powers of two: only a block wider than the tile fails to divide it
-            cfg = KernelConfig(cfg.schedule, (cfg.tile_m, b, cfg.tile[2]), cfg.cluster)
+            cfg = KernelConfig(cfg.schedule, (cfg.tile_m, b, cfg.tile[2]), cfg.cluster, swizzle=cfg.swizzle)
     return cfg
+
+
+def heuristic(m: int, blocks: set[int] | None = None, kernel=None, tensors: dict | None = None) -> KernelConfig:
+    ladder = [_with_blocks(c, blocks) for c in (SMALL_M if m <= 256 else LARGE_M)]
+    if kernel is not None:
+        for cfg in ladder:
+            if fits(kernel, tensors, _block_epilogue(cfg, blocks)):
+                return cfg
+    return ladder[0]
 
 
 def _schedule_for(tile: tuple[int, int, int], preferred: str) -> str:
@@ -110,9 +165,20 @@ def _schedule_for(tile: tuple[int, int, int], preferred: str) -> str:
     return next((s for s in SCHEDULES if not vocab.combination_problems(s, tile, None)), preferred)
 
 
-def choose(kernel, m: int, override: dict | None = None) -> KernelConfig:
-    """The configuration of one gemm: call-time override > options in the file > heuristic."""
-    cfg = heuristic(m, block_sizes(kernel))
+def _block_epilogue(cfg: KernelConfig, blocks) -> KernelConfig:
+    """A 1xB block must not span two epilogue subtiles (CUTLASS's automatic one is 32 columns wide):
+    an epilogue tile as wide as the largest block (free for 8-bit outputs; tests/probes/README.md)."""
+    if blocks and cfg.epi_tile is None:
+        width = max(max(blocks), 32)
+        if cfg.tile_n % width == 0:
+            return replace(cfg, epi_tile=(128 if cfg.schedule == "cooperative" else 64, width))
+    return cfg
+
+
+def choose(kernel, m: int, override: dict | None, tensors: dict) -> KernelConfig:
+    """The configuration of one gemm: call-time override > options in the file > heuristic (the
+    first configuration of its ladder whose shared memory leaves the mainloop 2 stages)."""
+    cfg = heuristic(m, block_sizes(kernel), kernel, tensors)
     for source in (kernel.options, override or {}):
         if source:
             tile = tuple(source.get("tile", cfg.tile))
@@ -122,13 +188,14 @@ def choose(kernel, m: int, override: dict | None = None) -> KernelConfig:
                                source.get("aux_load", cfg.aux_load), tuple(epi) if epi else None,
                                int(source.get("swizzle", cfg.swizzle)), source.get("raster", cfg.raster))
     blocks = block_sizes(kernel)
-    if blocks and cfg.epi_tile is None:
-        # a 1xB block must not span two epilogue subtiles (CUTLASS's automatic one is 32 columns wide):
-        # an epilogue tile as wide as the largest block (free for 8-bit outputs; see tests/probes/README.md)
-        width = max(max(blocks), 32)
-        if cfg.tile_n % width == 0:
-            cfg = replace(cfg, epi_tile=(128 if cfg.schedule == "cooperative" else 64, width))
+    cfg = _block_epilogue(cfg, blocks)
     cfg = validate(cfg, f"gemm '{kernel.name}'", getattr(kernel, "span", None))
+    if not fits(kernel, tensors, cfg):
+        epi, stage = smem_estimate(kernel, tensors, cfg)
+        raise error("E217", f"gemm '{kernel.name}' ({cfg}): its epilogue needs about {epi // 1024} KiB of shared "
+                    f"memory, which leaves the mainloop fewer than 2 pipeline stages of {stage // 1024} KiB",
+                    kernel.span, "store fewer tiles in this gemm (split its outputs over two gemms), store them in "
+                    "a narrower type, or choose a smaller tile or epilogue tile (with tile=..., epi_tile=...)")
     for b in blocks:
         if cfg.tile_n % b:
             raise error("E404", f"gemm '{kernel.name}': block size {b} does not divide the tile width {cfg.tile_n}",

@@ -86,7 +86,7 @@ def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict
     if diags:
         raise EpicError(diags)
     m = sizes_mod.evaluate(next(k.rows for k in program.kernels), sizes)
-    configs = {k.name: config_mod.choose(k, m, (overrides or {}).get(k.name))
+    configs = {k.name: config_mod.choose(k, m, (overrides or {}).get(k.name), program.tensors)
                for k in program.kernels if k.kind == "gemm"}
     buffers = {t.name: buffer_of(t, sizes, configs) for t in program.tensors.values()}
     steps = []
