@@ -33,31 +33,34 @@ class Analysis:
 
 
 def looks_like_path(path_or_text: str) -> bool:
-    return "\n" not in path_or_text and len(path_or_text) < 4096 and (
-        path_or_text.endswith(".epi") or os.path.exists(path_or_text))
+    """An existing file, or one line ending in .epi (program text always has a newline or a brace)."""
+    return len(path_or_text) < 4096 and (os.path.isfile(path_or_text) or (
+        "\n" not in path_or_text and (path_or_text.endswith(".epi") or os.path.exists(path_or_text))))
 
 
-def read_source(path_or_text: str) -> tuple[str, str, str]:
-    """(text, display name, base directory for `use`) for a path or an inline program."""
-    if looks_like_path(path_or_text):
+def read_source(path_or_text: str, path: bool | None = None) -> tuple[str, str, str]:
+    """(text, display name, base directory for `use`) for a path or an inline program. path=True:
+    it is a file name, whatever it looks like (the command line's FILE); None: guess."""
+    if path or (path is None and looks_like_path(path_or_text)):
         text = sources.read_text(path_or_text, code="E802", what="program file")
-        return text, path_or_text, os.path.dirname(os.path.abspath(path_or_text))
+        return text, sources.printable(path_or_text), os.path.dirname(os.path.abspath(path_or_text))
     return path_or_text, "<string>", os.getcwd()
 
 
-def lower(path_or_text: str, name: str | None = None) -> Program:
-    text, default_name, base = read_source(path_or_text)
+def lower(path_or_text: str, name: str | None = None, path: bool | None = None) -> Program:
+    text, default_name, base = read_source(path_or_text, path)
     return load_program(text, name or default_name, base)
 
 
 def analyze(path_or_text: str, run_passes: bool = True, stop_after: str | None = None,
-            name: str | None = None) -> Analysis:
-    """Front end, static checks, passes, locality. `name` labels an inline program in diagnostics."""
-    return run_deep(_analyze, path_or_text, run_passes, stop_after, name)
+            name: str | None = None, path: bool | None = None) -> Analysis:
+    """Front end, static checks, passes, locality. `name` labels an inline program in diagnostics;
+    path=True says path_or_text is a file name even if it does not look like one."""
+    return run_deep(_analyze, path_or_text, run_passes, stop_after, name, path)
 
 
-def _analyze(path_or_text, run_passes, stop_after, name) -> Analysis:
-    program = lower(path_or_text, name)
+def _analyze(path_or_text, run_passes, stop_after, name, path=None) -> Analysis:
+    program = lower(path_or_text, name, path)
     static = layout.check_static(program)
     if static:
         raise EpicError(static)

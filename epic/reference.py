@@ -66,16 +66,10 @@ class Interpreter:
         results, so that each later kernel is checked on exactly the inputs it saw)."""
         for t in self.program.inputs():
             if t.is_scalar:
-                value = inputs.get(t.name)
-                if value is None:
-                    value = t.default
-                if value is None:
-                    raise error("E601", f"missing scalar '{t.name}'", t.span)
-                self.store[t.name] = torch.as_tensor(value, dtype=F64)
+                value = sizes_mod.scalar_value(t, inputs.get(t.name), finite=False)
+                self.store[t.name] = torch.tensor(value, dtype=F64)
             else:
-                if t.name not in inputs:
-                    raise error("E601", f"missing tensor '{t.name}'", t.span)
-                self.store[t.name] = inputs[t.name].detach().to("cpu", F64)
+                self.store[t.name] = _tensor_input(t, inputs.get(t.name))
         for k in self.program.kernels:
             self.kernel = k
             self.m, self.n = sizes_mod.evaluate(k.rows, self.sizes), sizes_mod.evaluate(k.n, self.sizes)
@@ -186,6 +180,20 @@ class Interpreter:
         return P.prim(r.pre).ref([x], {}) if r.pre else x
 
 
+def _tensor_input(t, x) -> torch.Tensor:
+    """A tensor argument as float64 on the CPU, or a diagnostic saying what is wrong with it."""
+    if x is None:
+        raise error("E601", f"missing tensor '{t.name}' ({t.describe()})", t.span, f"pass {t.name}=<a tensor>")
+    if not isinstance(x, torch.Tensor):
+        raise error("E601", f"'{t.name}' must be a torch.Tensor, got {type(x).__name__}", t.span,
+                    f"pass a tensor of {t.describe()}, e.g. torch.as_tensor({t.name})")
+    if x.is_complex() or x.is_meta or x.layout != torch.strided:
+        what = "complex" if x.is_complex() else "meta" if x.is_meta else "sparse"
+        raise error("E603", f"'{t.name}' is a {what} tensor; the reference runs on real, dense tensors", t.span,
+                    f"pass a real tensor of {t.describe()}")
+    return x.detach().to("cpu", F64)
+
+
 def _materialize(x: torch.Tensor, v: Value, m: int) -> torch.Tensor:
     """A stored value as its tensor: COL -> [M], ROW -> [W], TILE/BLOCK/PARTIAL as they are."""
     if v.kind is Kind.COL:
@@ -209,7 +217,13 @@ def _aligned(v: Value, xs: list) -> list:
 def run(program: Program, inputs: dict[str, torch.Tensor], exact: bool = True,
         sizes: dict[str, int] | None = None, tiles: dict[str, tuple[int, int]] | None = None) -> dict[str, torch.Tensor]:
     """Execute `program` on `inputs` (name -> tensor); returns every `out` tensor as float64."""
-    shapes = {k: tuple(v.shape) for k, v in inputs.items() if hasattr(v, "shape") and v.dim() > 0}
+    sizes_mod.check_names(program, inputs)
+    for t in program.inputs():          # a scalar or a tensor of the wrong type, before shapes are read
+        if t.is_scalar:
+            sizes_mod.scalar_value(t, inputs.get(t.name), finite=False)
+        elif t.name in inputs:
+            _tensor_input(t, inputs[t.name])
+    shapes = {t.name: tuple(inputs[t.name].shape) for t in program.inputs() if not t.is_scalar and t.name in inputs}
     bound = sizes_mod.bind_from_tensors(program, shapes, sizes)
     sizes_mod.check_complete(program, bound)
     return Interpreter(program, bound, exact, tiles).run(inputs)

@@ -1,12 +1,15 @@
-"""Binding a program's symbolic dimensions (M, D, F, ...) to sizes, from tensors or `M=..,D=..`.
+"""Binding a program's symbolic dimensions (M, D, F, ...) to sizes, from tensors or `M=..,D=..`,
+and checking the arguments of a call (names, scalar values).
 
 Shared by the reference interpreter, the plan (byte ledger) and the runtime's argument checks.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from fractions import Fraction
 
-from .diagnostics import Diagnostic, EpicError
+from .diagnostics import Diagnostic, EpicError, error
 from .ir.core import Program, Tensor
 from .shapes import Dim
 
@@ -15,10 +18,12 @@ def parse_shape_arg(text: str) -> dict[str, int]:
     """'M=8192,D=4096' -> {'M': 8192, 'D': 4096}."""
     out: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
-        name, eq, value = part.partition("=")
-        if not eq or not name.strip().isidentifier() or not value.strip().isdigit() or int(value) <= 0:
+        name, eq, value = (x.strip() for x in part.partition("="))
+        if not eq or not name.isidentifier() or not (value.isascii() and value.isdigit()) or int(value) <= 0:
             raise EpicError(Diagnostic("E607", f"bad size '{part}'", None, "write sizes as M=8192,D=4096"))
-        out[name.strip()] = int(value)
+        if name in out:
+            raise EpicError(Diagnostic("E607", f"size of {name} given twice", None, "give each dimension once"))
+        out[name] = int(value)
     return out
 
 
@@ -53,7 +58,8 @@ def bind_from_tensors(program: Program, shapes: dict[str, tuple[int, ...]],
         shape = shapes[t.name]
         if len(shape) != len(t.dims):
             raise EpicError(Diagnostic("E602", f"'{t.name}' should have {len(t.dims)} dimension(s) "
-                                       f"({t.describe()}), got shape {tuple(shape)}", t.span))
+                                       f"({t.describe()}), got shape {tuple(shape)}", t.span,
+                                       f"pass a tensor of {t.describe()}"))
         for i, (d, n) in enumerate(zip(t.dims, shape)):
             pending.append((t, i, d, int(n)))
     progress = True
@@ -80,7 +86,7 @@ def bind_from_tensors(program: Program, shapes: dict[str, tuple[int, ...]],
             root = round(float(value) ** (1 / power)) if value > 0 else 0
             if value <= 0 or Fraction(root) ** power != value:
                 raise EpicError(Diagnostic("E602", f"'{t.name}' dimension {i} is {n}, which is not {d} for any "
-                                           f"whole {name}", t.span))
+                                           f"whole {name}", t.span, f"'{t.name}' is declared {t.describe()}"))
             sizes[name] = root
             source[name] = f"'{t.name}' dimension {i}"
     return sizes
@@ -116,3 +122,38 @@ def evaluate_integer(dim: Dim, sizes: dict[str, object]):
     for n in dim.names:
         v = v * sizes[n]
     return v // dim.coef.denominator
+
+
+def check_names(program: Program, args: dict) -> None:
+    """Every argument of a call names an input of the program."""
+    expected = [t.name for t in program.inputs()]
+    unknown = [str(k) for k in args if k not in expected]
+    if unknown:
+        raise error("E601", f"unexpected argument(s) {', '.join(unknown)}", None,
+                    "the program takes " + ", ".join(expected))
+
+
+def scalar_value(t: Tensor, value, finite: bool = True) -> float:
+    """A runtime scalar argument as a float (None means: use the default). finite=False lets nan and
+    inf through (the reference interpreter defines what they do; kernels refuse them)."""
+    import torch
+    hint = f"pass {t.name}=<a finite number>" + (f", or leave it out for the default {t.default:g}"
+                                                  if t.default is not None else "")
+    if value is None:
+        if t.default is None:
+            raise error("E601", f"missing scalar '{t.name}'", t.span, hint)
+        return float(t.default)
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool or value.is_meta:
+            raise error("E603", f"scalar '{t.name}' must be one real number, got a {value.dtype} "
+                        f"{'meta ' if value.is_meta else ''}tensor of shape {tuple(value.shape)}", t.span, hint)
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise error("E603", f"scalar '{t.name}' must be a real number, got {type(value).__name__}", t.span, hint)
+    try:
+        value = float(value)
+    except (OverflowError, ValueError):        # an integer beyond float's range
+        value = (math.inf if value > 0 else -math.inf) if isinstance(value, numbers.Integral) else math.nan
+    if finite and not math.isfinite(value):
+        raise error("E603", f"scalar '{t.name}' must be finite, got {value}", t.span, hint)
+    return value

@@ -159,8 +159,9 @@ def test_combine_kernel_lowering():
     assert not unit.uses_cutlass
     assert [(p.role, p.tensor) for p in spec.pointers] == [("row_partial", "o_proj__row_mean_part0"), ("out", "r")]
     assert [s.name for s in spec.scalars] == ["D", "eps"]
-    body = "\n".join(spec.body)
-    assert "t * rows_padded + m" in body and "/ s[0]" in body and "rsqrtf" in body
+    merge, body = "\n".join(spec.merge), "\n".join(spec.body)
+    assert "for (int t = lane; t < tiles_n; t += 32)" in merge and "t * rows_padded + m" in merge
+    assert "__shfl_xor_sync" in merge and "/ s[0]" in merge and "rsqrtf" in body
 
 
 def test_compile_command_writes_sources(tmp_path, capsys):

@@ -45,7 +45,8 @@ class Requirement:
 
     def diagnostic(self, value: Fraction | None = None) -> Diagnostic:
         got = f" (it is {value})" if value is not None else ""
-        return Diagnostic(self.code, f"{self.what} = {self.dim}{got} must be a multiple of {self.multiple}: {self.why}",
+        rule = "a whole number" if self.multiple == 1 else f"a multiple of {self.multiple}"
+        return Diagnostic(self.code, f"{self.what} = {self.dim}{got} must be {rule}: {self.why}",
                           self.span, _HINTS.get(self.code))
 
 
@@ -59,6 +60,9 @@ _HINTS = {
 def requirements(program: Program) -> list[Requirement]:
     reqs: list[Requirement] = []
     for t in program.tensors.values():
+        if t.block and len(t.dims) == 2:   # [M, N/B]: the blocks must tile the row exactly
+            reqs.append(Requirement(t.dims[1], 1, "E404", t.span, f"the number of 1x{t.block} blocks of '{t.name}'",
+                                    f"a block size must divide the row ({t.block} columns per block)"))
         # block values (quantization scales) and packed int4 tiles are written by the epilogue's own
         # stores, not by TMA: only tiles, operands and partials have the 16-byte rule
         if len(t.dims) != 2 or t.block or t.dtype is dtypes.I4:

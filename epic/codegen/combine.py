@@ -1,9 +1,11 @@
 """A combine kernel of the plan -> a resolved description of a small CUDA kernel (CombineSpec).
 
-One thread per row (axis "row") or column (axis "col"). It merges the per-tile partials that the
-gemm's reduction nodes wrote (layout: epic/layouts.py, tile-major so the threads of a warp read
-consecutive floats) in tile order (deterministic) with the reduction's own C++ merge and finalize
-(its record in epic/ir/primitives.py), then evaluates the vector math that follows and stores the
+One warp per row (axis "row") or column (axis "col"): its lanes merge the per-tile partials that the
+gemm's reduction nodes wrote (layout: epic/layouts.py) in a fixed order -- lane l takes tiles l,
+l + 32, ..., then an XOR butterfly merges the lanes -- so the result is the same on every run, with
+the reduction's own C++ merge and finalize (its record in epic/ir/primitives.py). A warp per row
+keeps a long row of tiles (cross entropy over 128256 columns: 500 to 2000 tiles) from becoming a
+sequential loop of one thread. Lane 0 then evaluates the vector math that follows and stores the
 results. ABI: epic_launch(ptrs, sizes=[M, N, tile M, tile N], scalars, stream, ...).
 """
 from __future__ import annotations
@@ -27,13 +29,15 @@ class CombineSpec:
     axis: str
     pointers: list[Pointer]
     scalars: list[Scalar]
-    body: list[str]
+    merge: list[str]        # every lane: merge its tiles, then the butterfly
+    body: list[str]         # lane 0: the vector math and the stores
 
 
 def lower_combine(program: Program, k: CombineKernel) -> CombineSpec:
     pointers: list[Pointer] = []
     scalars: list[Scalar] = []
     writer = fn.ExprWriter(pairwise=False, flavor="cuda")
+    merge: list[str] = []
     body: list[str] = []
     idx = "m" if k.axis == "row" else "n"
 
@@ -50,22 +54,24 @@ def lower_combine(program: Program, k: CombineKernel) -> CombineSpec:
         if p.family is P.Family.COMBINE:
             r = P.reduction(v.attrs["fn"])
             buf = ptr(f"{k.axis}_partial", v.attrs["buffer"], dtypes.F32)
-            i = len(body)
+            i = len(merge)
             accs = [f"acc_{i}_{c}" for c in range(r.state)]
             xs = [f"x{c}" for c in range(r.state)]
             tiles = "tiles_n" if k.axis == "row" else "tiles_m"
             pitch = "rows_padded" if k.axis == "row" else "cols_padded"
-            body += [f"float {a} = {literal(init)};" for a, init in zip(accs, r.identity)]
+            merge += [f"float {a} = {literal(init)};" for a, init in zip(accs, r.identity)]
             entry = f"(long long)t * {pitch} + {idx}"
             at = (lambda c: f"({entry}) * {r.state} + {c}") if r.state > 1 else (lambda c: entry)
             loads = " ".join(f"float {x} = part_{i}[{at(c)}];" for c, x in enumerate(xs))
-            merge = r.cxx_merge.format(**{f"a{c}": a for c, a in enumerate(accs)}, **{f"x{c}": x for c, x in enumerate(xs)})
-            body.append(f"const float* part_{i} = static_cast<const float*>({buf});")
-            body.append(f"for (int t = 0; t < {tiles}; ++t) {{ {loads} {merge} }}")
+            step = r.cxx_merge.format(**{f"a{c}": a for c, a in enumerate(accs)}, **{f"x{c}": x for c, x in enumerate(xs)})
+            shuffles = " ".join(f"float {x} = __shfl_xor_sync(0xffffffffu, {a}, o);" for x, a in zip(xs, accs))
+            merge.append(f"const float* part_{i} = static_cast<const float*>({buf});")
+            merge.append(f"for (int t = lane; t < {tiles}; t += 32) {{ {loads} {step} }}")
+            merge.append(f"for (int o = 16; o > 0; o >>= 1) {{ {shuffles} {step} }}")
             result = r.cxx_finalize.format(**{f"a{c}": a for c, a in enumerate(accs)})
             if r.by_width:
                 result = f"({result} / {scalar(str(v.attrs['width']), v.attrs['width'])})"
-            body.append(f"float red_{i} = {result};")
+            merge.append(f"float red_{i} = {result};")
             writer.bind(v, (f"red_{i}",))
         elif p.reads == "tensor":
             t = program.tensors[v.attrs["tensor"]]
@@ -96,4 +102,4 @@ def lower_combine(program: Program, k: CombineKernel) -> CombineSpec:
         value = fn.store_expr(x, t.dtype)
         conv = f"static_cast<{t.dtype.cuda}>({value})" if t.dtype.is_int else f"{t.dtype.cuda}({value})"
         body.append(f"static_cast<{t.dtype.cuda}*>({out})[{idx}] = {conv};")
-    return CombineSpec(k.name, identifier(k.name), k.axis, pointers, scalars, body)
+    return CombineSpec(k.name, identifier(k.name), k.axis, pointers, scalars, merge, body)

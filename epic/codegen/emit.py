@@ -77,7 +77,8 @@ def render_gemm(spec: evt.KernelSpec) -> str:
 
 def render_combine(spec: combine.CombineSpec) -> str:
     return _env().get_template("combine.cu.j2").render(
-        c=spec, version=__version__, prelude=functor.helpers_for("\n".join(spec.body)), info=_info(spec, "combine"))
+        c=spec, version=__version__, prelude=functor.helpers_for("\n".join(spec.merge + spec.body)),
+        info=_info(spec, "combine"))
 
 
 def kernel_configs(program: Program, m: int, overrides: dict | None = None) -> dict[str, config_mod.KernelConfig]:

@@ -75,34 +75,45 @@ class Lowering:
                 sub = parse(sources.read_use(path, item.span), path)
                 for it in sub.items:
                     if isinstance(it, (ast.Gemm, ast.InDecl)):
-                        raise error("E202", f"'{item.path}' may only hold definitions (def) and use lines", it.span)
+                        raise error("E202", f"'{item.path}' may only hold definitions (def) and use lines", it.span,
+                                    "move gemms and inputs into the program that imports the library")
                 self._collect_defs(sub, into, visiting)
             elif isinstance(item, ast.Def):
                 if item.name in into:
                     raise error("E202", f"'{item.name}' is defined twice", item.span,
+                                "rename one of them (a file's own def of a prelude name is allowed once)",
                                 notes=[(into[item.name].span, "first definition")])
                 if item.name in P.BUILTIN_NAMES or item.name in P.RESERVED or dtypes.lookup(item.name):
-                    raise error("E202", f"'{item.name}' is a built-in name and cannot be redefined", item.span)
+                    raise error("E202", f"'{item.name}' is a built-in name and cannot be redefined", item.span,
+                                f"call the definition something else, e.g. my_{item.name}")
                 into[item.name] = item
 
     # ------------------------------------------------------------------ declarations
     def check_name(self, name: str, span: Span) -> None:
         if name in P.RESERVED or name in P.BUILTIN_NAMES:
-            raise error("E202", f"'{name}' is a reserved name", span)
+            raise error("E202", f"'{name}' is a reserved name", span,
+                        "built-in functions, dtypes and keywords cannot name values: pick another name")
         if RESERVED_SEPARATOR in name:
             raise error("E202", f"'{name}' contains '{RESERVED_SEPARATOR}', which epic keeps for the names of its "
-                        "internal buffers and kernels", span, f"rename it, e.g. {name.replace('__', '_')}")
+                        "internal buffers and kernels", span, f"rename it, e.g. {_renamed(name)}")
+        if name.endswith("_"):      # 'g_' + '__' + 'x' would be 'g' + '__' + '_x'
+            raise error("E202", f"'{name}' ends with '_': epic names its internal buffers and kernels NAME__..., "
+                        f"and '{name}{RESERVED_SEPARATOR}' would run into the separator", span,
+                        f"rename it, e.g. {_renamed(name)}")
 
     def dim(self, d: ast.DimExpr) -> Dim:
         def atom(a: ast.DimAtom) -> Dim:
             if a.text.isdigit():
                 if len(a.text) > 9:
-                    raise error("E208", f"dimension {a.text[:20]} is too large", a.span)
+                    raise error("E208", f"dimension {a.text[:20]} is too large", a.span,
+                                "a literal dimension has at most 9 digits; name large ones (M, D)")
                 return Dim.const(int(a.text))
             if not a.text.isidentifier() or a.text in P.RESERVED:
-                raise error("E208", f"'{a.text}' is not a dimension", a.span)
+                raise error("E208", f"'{a.text}' is not a dimension", a.span,
+                            "dimensions are names (M, D) or integers, e.g. [M, 2*D]")
             if a.text in self.tensors:
-                raise error("E202", f"'{a.text}' names a tensor; dimensions need their own names", a.span)
+                raise error("E202", f"'{a.text}' names a tensor; dimensions need their own names", a.span,
+                            "use a dimension name such as M, K or N")
             self.check_name(a.text, a.span)
             self.dims.setdefault(a.text, a.span)
             return Dim.of(a.text)
@@ -114,10 +125,11 @@ class Lowering:
                 out = out * rhs
             else:
                 if rhs.names or rhs.coef == 0:
-                    raise error("E208", "a dimension can only be divided by a positive integer", a.span)
+                    raise error("E208", "a dimension can only be divided by a positive integer", a.span,
+                                "e.g. [M, N/128]")
                 out = out / rhs
         if out.coef == 0:
-            raise error("E208", "a dimension cannot be 0", d.span)
+            raise error("E208", "a dimension cannot be 0", d.span, "dimensions are positive: e.g. [M, 2*N]")
         return out
 
     def dtype(self, spec: ast.TypeSpec) -> dtypes.DType:
@@ -130,11 +142,12 @@ class Lowering:
     def new_tensor(self, name: str, span: Span, **kw) -> Tensor:
         self.check_name(name, span)
         if name in self.tensors:
-            raise error("E202", f"'{name}' is declared twice", span, notes=[(self.tensors[name].span, "first declared here")])
+            raise error("E202", f"'{name}' is declared twice", span, "rename one of them", notes=[(self.tensors[name].span, "first declared here")])
         if name in self.dims:
-            raise error("E202", f"'{name}' already names a dimension", span)
+            raise error("E202", f"'{name}' already names a dimension", span,
+                        "tensors and dimensions need different names (e.g. lower-case tensors, upper-case dimensions)")
         if any(k.name == name for k in self.kernels):
-            raise error("E202", f"'{name}' already names a gemm", span)
+            raise error("E202", f"'{name}' already names a gemm", span, "gemms and tensors need different names")
         t = Tensor(name=name, span=span, **kw)
         self.tensors[name] = t
         return t
@@ -143,13 +156,16 @@ class Lowering:
         dt = self.dtype(d.type)
         dims = tuple(self.dim(x) for x in d.type.dims) if d.type.dims else ()
         if len(dims) > 2:
-            raise error("E208", f"'{d.name}' has {len(dims)} dimensions; epilogue operands have at most 2", d.type.span)
+            raise error("E208", f"'{d.name}' has {len(dims)} dimensions; epilogue operands have at most 2", d.type.span,
+                        "flatten it: a tile is [M, N], a vector [M] or [N]")
         if d.default is not None and dims:
-            raise error("E208", "only scalars take a default value", d.span)
+            raise error("E208", "only scalars take a default value", d.span,
+                        f"drop the default, or make it a scalar: in {d.name}: f32 = ...")
         if dims and dt is dtypes.I4:
-            raise error("E205", "int4 inputs are not supported (int4 is an output format)", d.type.dtype_span)
+            raise error("E205", "int4 inputs are not supported (int4 is an output format)", d.type.dtype_span,
+                        "pass it as i8")
         if d.default is not None and not math.isfinite(d.default):
-            raise error("E212", f"the default of '{d.name}' must be a finite number", d.span)
+            raise error("E212", f"the default of '{d.name}' must be a finite number", d.span, "e.g. = 1e-6")
         return self.new_tensor(d.name, d.span, dtype=dt, dims=dims, role="scalar" if not dims else "input",
                                default=d.default)
 
@@ -157,7 +173,7 @@ class Lowering:
         if op.type is not None:
             if op.type.dims is None or len(op.type.dims) != 2:
                 raise error("E208", f"GEMM operand '{op.name}' needs two dimensions, e.g. {op.name}: bf16[M, K]",
-                            op.type.span)
+                            op.type.span, "A is [M, K] and B is [K, N]")
             dt = self.dtype(op.type)
             t = self.new_tensor(op.name, op.span, dtype=dt, dims=tuple(self.dim(x) for x in op.type.dims),
                                 role="input", layout="kmajor" if which == "B" else "row")
@@ -167,9 +183,11 @@ class Lowering:
                 raise error("E201", f"unknown tensor '{op.name}'", op.span,
                             f"declare it here with a type, e.g. {op.name}: bf16[M, K], or store it in an earlier gemm")
             if len(t.dims) != 2 or t.block:
-                raise error("E209", f"'{op.name}' is a {t.describe()}, not a matrix", op.span)
+                raise error("E209", f"'{op.name}' is a {t.describe()}, not a matrix", op.span,
+                            "a GEMM operand is a 2-D tensor, e.g. an earlier `tmp x: bf16 = ...` tile")
             if which == "B" and t.role != "input":
-                raise error("E209", f"the B operand '{op.name}' must be a program input (weights)", op.span)
+                raise error("E209", f"the B operand '{op.name}' must be a program input (weights)", op.span,
+                            f"declare it here: {op.name}2: bf16[K, N]; only the A operand may be an earlier result")
         if t.dtype not in dtypes.GEMM_OPERAND:
             raise error("E205", f"GEMM operand '{op.name}' is {t.dtype}; the mainloop multiplies bf16, f16, e4m3 or e5m2",
                         op.type.dtype_span if op.type else op.span,
@@ -180,9 +198,9 @@ class Lowering:
     def _gemm(self, g: ast.Gemm) -> GemmKernel:
         self.check_name(g.name, g.span)
         if any(k.name == g.name for k in self.kernels):
-            raise error("E202", f"gemm '{g.name}' is defined twice", g.span)
+            raise error("E202", f"gemm '{g.name}' is defined twice", g.span, "give each gemm its own name")
         if g.name in self.tensors:
-            raise error("E202", f"'{g.name}' already names a tensor", g.span)
+            raise error("E202", f"'{g.name}' already names a tensor", g.span, "gemms and tensors need different names")
         a = self._operand(g.a, "A")
         b = self._operand(g.b, "B")
         rows, k = a.dims
@@ -242,7 +260,7 @@ class _KernelBuilder:
         if name in self.env:
             raise error("E202", f"'{name}' is assigned twice", span, "values are immutable: pick a new name")
         if name in self.low.tensors or name in self.low.dims:
-            raise error("E202", f"'{name}' already names a tensor or dimension", span)
+            raise error("E202", f"'{name}' already names a tensor or dimension", span, "pick a new name for the value")
 
     def _store(self, s: ast.Store) -> None:
         dt = self.low.dtype(s.type)
@@ -250,7 +268,7 @@ class _KernelBuilder:
         try:
             check_storable(dt, v.shape)
         except TypeRuleError as e:
-            raise error(e.code, f"'{s.name}': {e.message}", s.span, e.hint) from None
+            raise error(e.code, f"'{s.name}': {e.message}", s.span, e.hint or "store it as bf16, f16 or f32") from None
         if v.dtype is dtypes.BOOL:
             raise error("E205", f"'{s.name}' is a comparison result (bool)", s.span, "store select(cond, 1, 0)")
         dims = v.shape.dims(self.rows, self.n)
@@ -258,9 +276,11 @@ class _KernelBuilder:
             declared = tuple(self.low.dim(d) for d in s.type.dims)
             if declared != dims:
                 raise error("E208", f"'{s.name}' is declared [{', '.join(map(str, declared))}] but its value is "
-                            f"a {v.shape.describe(self.rows, self.n)}", s.type.span)
+                            f"a {v.shape.describe(self.rows, self.n)}", s.type.span,
+                            f"declare it {s.type.dtype}[{', '.join(map(str, dims))}], or leave the dimensions out")
         if dt is dtypes.I4 and v.shape.width.denominator != 1 and (v.shape.width * 2).denominator != 1:
-            raise error("E405", f"'{s.name}': int4 packs column pairs and needs an even width", s.span)
+            raise error("E405", f"'{s.name}': int4 packs column pairs and needs an even width", s.span,
+                        "store an even number of columns, or store it as i8")
         self.low.new_tensor(s.name, s.span, dtype=dt, dims=dims, role=s.role, producer=self.g.name,
                             block=v.shape.block)
         if v.name is None:
@@ -306,7 +326,8 @@ class _KernelBuilder:
                 return COL
             if r is not None:
                 return Shape(Kind.ROW, r)
-            raise error("E208", f"'{t.name}' is [{d}], which matches neither rows nor columns; {here}", span)
+            raise error("E208", f"'{t.name}' is [{d}], which matches neither rows nor columns; {here}", span,
+                        f"a column vector is [{self.rows}] (one value per row), a row vector [{self.n}]")
         d0, d1 = t.dims
         r = d1.ratio(self.n)
         if d0 != self.rows or r is None:
@@ -315,6 +336,13 @@ class _KernelBuilder:
         if t.block:
             return Shape(Kind.BLOCK, r * t.block, t.block)
         return Shape(Kind.TILE, r)
+
+
+def _renamed(name: str) -> str:
+    """A name without '__' and without a trailing '_' (for hints)."""
+    while "__" in name:
+        name = name.replace("__", "_")
+    return name.rstrip("_") or "x"
 
 
 __all__ = ["load_program", "Lowering", "suggest"]

@@ -12,25 +12,11 @@ _HINTS = {"tile": "tiles are MxNxK with M in 64/128/256, N in 64/128/192/256, K 
 
 
 def parse(options: dict[str, tuple[str, Span]], gemm_span: Span) -> dict:
-    out: dict = {}
-    for key, (text, span) in options.items():
-        if key in vocab.SIZE_OPTIONS:
-            counts, example = vocab.SIZE_OPTIONS[key]
-            parts = text.split("x")
-            if len(parts) not in counts or not all(p.isdigit() and len(p) <= 4 for p in parts):
-                raise error("E215", f"{key} must look like {example}, got '{text}'", span, _HINTS.get(key))
-            value = tuple(int(p) for p in parts) + ((64,) if key == "tile" and len(parts) == 2 else ())
-        elif key in vocab.CHOICE_OPTIONS:
-            choices = vocab.CHOICE_OPTIONS[key]
-            if text not in choices:
-                raise error("E215", f"{key} must be one of {', '.join(choices)}, got '{text}'", span)
-            value = int(text) if key == "swizzle" else text
-        else:
-            raise error("E215", f"unknown gemm option '{key}'", span, "options: " + ", ".join(vocab.ALL_OPTIONS))
-        problem = vocab.value_problem(key, value)
-        if problem:
-            raise error("E215", problem, span, _HINTS.get(key))
-        out[key] = value
+    out = {key: parse_value(key, text, span) for key, (text, span) in options.items()}
+    if "epi_tile" in out and "tile" not in out:
+        raise error("E215", "epi_tile needs tile: the epilogue tile must divide the CTA tile, which without "
+                    "`tile=` depends on the row count and the epilogue's shared memory", options["epi_tile"][1],
+                    "fix both, e.g. with tile=128x256x64, epi_tile=128x64")
     if "tile" in out and ("schedule" in out or "epi_tile" in out):
         schedule = out.get("schedule", "cooperative" if out["tile"][0] >= 128 else "pingpong")
         problems = vocab.combination_problems(schedule, out["tile"], out.get("epi_tile"))
@@ -38,4 +24,56 @@ def parse(options: dict[str, tuple[str, Span]], gemm_span: Span) -> dict:
             where = options.get("schedule", options.get("epi_tile", options["tile"]))[1]
             raise error("E216", "; ".join(problems), where,
                         "pick another tile or schedule (cooperative: tile M 128/256; pingpong: 64/128)")
+    return out
+
+
+def parse_value(key: str, text: str, span: Span | None):
+    """One option's value from its spelling (128x256x64, pingpong, 8), checked on its own."""
+    if key in vocab.SIZE_OPTIONS:
+        counts, example = vocab.SIZE_OPTIONS[key]
+        parts = text.split("x")
+        if len(parts) not in counts or not all(p.isascii() and p.isdigit() and len(p) <= 4 for p in parts):
+            raise error("E215", f"{key} must look like {example}, got '{text}'", span, _HINTS.get(key))
+        value = tuple(int(p) for p in parts) + ((64,) if key == "tile" and len(parts) == 2 else ())
+    elif key in vocab.CHOICE_OPTIONS:
+        choices = vocab.CHOICE_OPTIONS[key]
+        if text not in choices:
+            raise error("E215", f"{key} must be one of {', '.join(choices)}, got '{text}'", span,
+                        f"write {key}={choices[0]}; the choices are {', '.join(choices)}")
+        value = int(text) if key == "swizzle" else text
+    else:
+        raise error("E215", f"unknown gemm option '{key}'", span, "options: " + ", ".join(vocab.ALL_OPTIONS))
+    problem = vocab.value_problem(key, value)
+    if problem:
+        raise error("E215", problem, span, _HINTS.get(key))
+    return value
+
+
+def check_config(config, gemms: dict[str, Span | None]) -> dict[str, dict]:
+    """The per-gemm overrides of epic.compile(path, config={"g": {"tile": (128, 128, 64)}}), checked
+    like the file's options and normalized (tuples of ints, swizzle an int): an unknown gemm or option,
+    or a value of the wrong type or range, is an E215 (the combination is checked when the plan is made)."""
+    if config is None:
+        return {}
+    example = 'config={"g": {"tile": (128, 128, 64), "schedule": "cooperative"}}'
+    if not isinstance(config, dict):
+        raise error("E215", f"config must be a dict of gemm name -> options, got {type(config).__name__}", None,
+                    example)
+    out: dict[str, dict] = {}
+    for name, opts in config.items():
+        if name not in gemms:
+            raise error("E215", f"config names no gemm of the program: {name!r}", None,
+                        "its gemms are " + ", ".join(gemms))
+        if not isinstance(opts, dict):
+            raise error("E215", f"config[{name!r}] must be a dict of options, got {type(opts).__name__}", gemms[name],
+                        example)
+        out[name] = {}
+        for key, value in opts.items():
+            if isinstance(value, (tuple, list)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                text = "x".join(map(str, value))
+            elif isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+                text = str(value)
+            else:
+                text = repr(value)
+            out[name][key] = parse_value(str(key), text, gemms[name])
     return out

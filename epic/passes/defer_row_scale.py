@@ -58,6 +58,24 @@ def _flatten(v: Value, dep: dict, exp: int, out: list, sign: list) -> None:
                         "(r * x) @ W = r * (x @ W) holds only when r multiplies the whole row")
 
 
+def _reduction_behind(v: Value, dep: dict) -> Value:
+    """The whole-row/column reduction that makes v non-local: the nearest one among its operands
+    (for a per-column value, a column reduction), not just the first the stored value depends on."""
+    found, frontier, seen = [], [v], set()
+    while frontier:
+        x = frontier.pop(0)
+        if x.id in seen or x.id not in dep:
+            continue
+        seen.add(x.id)
+        if P.family(x.op) is P.Family.REDUCE:
+            found.append(x)
+        else:
+            frontier.extend(x.args)
+    if v.kind is Kind.ROW:
+        found = [r for r in found if r.attrs["axis"] == "col"] or found
+    return found[0] if found else dep[v.id]
+
+
 def _product(factors: list[tuple[Value, int]], like: Value) -> Value | None:
     num = [f if e == 1 else make("powi", (f,), {"exp": e}, like) for f, e in factors if e > 0]
     den = [f if e == -1 else make("powi", (f,), {"exp": -e}, like) for f, e in factors if e < 0]
@@ -93,13 +111,16 @@ def run(program, trace=None):
             try:
                 new_value, scale = _split(v, dep)
             except _NotLinear as e:
+                r = _reduction_behind(e.culprit, dep)
+                notes = [(s.span, f"'{s.tensor}' is the A operand of gemm '{consumers[0].name}'")]
+                if r is not e.culprit and r.span and str(r.span) != str(e.culprit.span):
+                    notes.insert(0, (r.span, f"the {r.attrs['axis']} reduction is here"))
                 raise EpicError(Diagnostic(
                     "E501", f"cannot move the row scale of '{s.tensor}' into gemm '{consumers[0].name}': "
-                    f"'{e.culprit.name or e.culprit.op}' needs {describe_reduction(dep[v.id], k)}, and {e.why}",
+                    f"'{e.culprit.name or e.culprit.op}' needs {describe_reduction(r, k)}, and {e.why}",
                     e.culprit.span or s.span,
                     "apply the non-linear part after the next gemm, or store the statistic "
-                    "(out r: f32[M] = ...) and the unscaled value separately",
-                    [(s.span, f"'{s.tensor}' is the A operand of gemm '{consumers[0].name}'")])) from None
+                    "(out r: f32[M] = ...) and the unscaled value separately", notes)) from None
             buf = s.tensor + SUFFIX
             tensors[buf] = Tensor(buf, F32, (k.rows,), "buffer", s.span, producer=k.name)
             replaced[s.tensor] = new_value

@@ -140,6 +140,15 @@ LARGE_M = [KernelConfig("cooperative", (128, 256, 64), (2, 1), swizzle=8),
            KernelConfig("cooperative", (128, 64, 64), (2, 1), swizzle=8),
            KernelConfig("pingpong", (64, 64, 64), (1, 1), swizzle=8)]
 SMALL_M = [KernelConfig("pingpong", (64, 64, 64), (1, 1))]
+# Epilogues with an exponential per element and an online (max, sum) state per row (row_lse: cross
+# entropy) are hidden better by pingpong, whose other warp group keeps multiplying meanwhile: LM head
+# + cross entropy at M = 8192, V = 128256 ran 1.044-1.056x cuBLAS against 1.108-1.126x cooperative
+# 128x256 (bench/results/2026-11-30-h200-bench-configs.json). Swiglu and fp8 quantization did not gain.
+HEAVY_EPILOGUE = [KernelConfig("pingpong", (128, 128, 64), (1, 1), swizzle=8)]
+
+
+def _heavy_epilogue(kernel) -> bool:
+    return any(P.family(v.op) is P.Family.PARTIAL and P.reduction(v.attrs["fn"]).state > 1 for v in kernel.values)
 
 
 def _with_blocks(cfg: KernelConfig, blocks) -> KernelConfig:
@@ -150,7 +159,8 @@ def _with_blocks(cfg: KernelConfig, blocks) -> KernelConfig:
 
 
 def heuristic(m: int, blocks: set[int] | None = None, kernel=None, tensors: dict | None = None) -> KernelConfig:
-    ladder = [_with_blocks(c, blocks) for c in (SMALL_M if m <= 256 else LARGE_M)]
+    large = HEAVY_EPILOGUE + LARGE_M if kernel is not None and _heavy_epilogue(kernel) else LARGE_M
+    ladder = [_with_blocks(c, blocks) for c in (SMALL_M if m <= 256 else large)]
     if kernel is not None:
         for cfg in ladder:
             if fits(kernel, tensors, _block_epilogue(cfg, blocks)):

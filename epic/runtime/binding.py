@@ -23,9 +23,24 @@ class Launch:
     workspace: int
 
     def __post_init__(self):
+        # ctypes arrays built once and refilled per call (building them costs microseconds)
         self.c_dims = (ctypes.c_longlong * len(self.dims))(*self.dims)
-        self.runtime_scalars = any(isinstance(v, str) for v in self.scalars)
-        self.c_scalars = None if self.runtime_scalars else (ctypes.c_float * max(1, len(self.scalars)))(*self.scalars)
+        self.c_ptrs = (ctypes.c_void_p * max(1, len(self.pointer_tensors)))()
+        self.runtime_scalars = [(i, v) for i, v in enumerate(self.scalars) if isinstance(v, str)]
+        self.c_scalars = (ctypes.c_float * max(1, len(self.scalars)))(
+            *[0.0 if isinstance(v, str) else v for v in self.scalars])
+
+    def run(self, buffers: dict, scalars: dict, stream: int, device) -> None:
+        ptrs = self.c_ptrs
+        for i, name in enumerate(self.pointer_tensors):
+            ptrs[i] = buffers[name].data_ptr() if name else 0
+        for i, name in self.runtime_scalars:
+            self.c_scalars[i] = scalars[name]
+        if self.workspace:
+            ws = torch.empty(self.workspace, dtype=torch.uint8, device=device)
+            self.library.launch(ptrs, self.c_dims, self.c_scalars, stream, ws.data_ptr(), self.workspace)
+        else:
+            self.library.launch(ptrs, self.c_dims, self.c_scalars, stream)
 
 
 @dataclass

@@ -45,6 +45,7 @@ class CompiledProgram:
         self._libraries: dict[tuple, list] = {}          # kernel configurations -> (spec, library) per kernel
         self._lock = threading.Lock()
         self._op = None
+        self._scalar_inputs = [t for t in self.program.inputs() if t.is_scalar]
 
     # ------------------------------------------------------------------ information
     @property
@@ -91,21 +92,13 @@ class CompiledProgram:
             for name in bound.tensor_names:
                 if args[name].data_ptr() % 16:
                     validate(self.program, args)          # reports E606 with the declaration's span
-        scalars = {t.name: scalar_value(t, args.get(t.name)) for t in self.inputs if t.is_scalar}
-        buffers = {name: args[name] for name in bound.tensor_names}
+        scalars = {t.name: scalar_value(t, args.get(t.name)) for t in self._scalar_inputs}
+        buffers = dict(args)
         for b in bound.allocations:
             buffers[b.name] = binding.allocate(b, bound.device, poison)
         stream = _current_stream(bound.device)
         for launch in bound.launches:
-            ptrs = [buffers[n].data_ptr() if n else 0 for n in launch.pointer_tensors]
-            values = launch.c_scalars
-            if launch.runtime_scalars:
-                values = [v if isinstance(v, float) else scalars[v] for v in launch.scalars]
-            if launch.workspace:
-                ws = torch.empty(launch.workspace, dtype=torch.uint8, device=bound.device)
-                launch.library.launch(ptrs, launch.c_dims, values, stream, ws.data_ptr(), launch.workspace)
-            else:
-                launch.library.launch(ptrs, launch.c_dims, values, stream)
+            launch.run(buffers, scalars, stream, bound.device)
         names = bound.keep if keep else bound.outputs
         return {n: buffers[n] for n in names}
 

@@ -43,8 +43,8 @@ class KernelLibrary:
         return int(n)
 
     def launch(self, ptrs: list[int], sizes, scalars, stream: int, workspace: int = 0, workspace_bytes: int = 0) -> None:
-        """sizes and scalars may be prebuilt ctypes arrays (the runtime builds them once per binding)."""
-        p = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
+        """ptrs, sizes and scalars may be prebuilt ctypes arrays (the runtime builds them once per binding)."""
+        p = ptrs if isinstance(ptrs, ctypes.Array) else (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
         s = sizes if isinstance(sizes, ctypes.Array) else (ctypes.c_longlong * len(sizes))(*sizes)
         f = scalars if isinstance(scalars, ctypes.Array) else (ctypes.c_float * max(1, len(scalars)))(*scalars)
         rc = self.lib.epic_launch(p, s, f, stream, workspace or None, workspace_bytes)

@@ -4,43 +4,19 @@ values, dtypes, shapes (solving the dimension sizes), layout rules at those size
 diagnostic pointing at the declaration."""
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 
 from .. import sizes as sizes_mod
+from ..sizes import scalar_value  # noqa: F401  (epic.runtime.compiled checks scalars per call)
 from ..checks import layout
 from ..diagnostics import EpicError, error
 from ..ir.core import Program, Tensor
 
 
-def scalar_value(t: Tensor, value) -> float:
-    """A runtime scalar argument as a float (None means: use the default)."""
-    if value is None:
-        if t.default is None:
-            raise error("E601", f"missing scalar '{t.name}'", t.span, f"pass {t.name}=<number>")
-        return float(t.default)
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
-            raise error("E603", f"scalar '{t.name}' must be one real number, got a {value.dtype} tensor of shape "
-                        f"{tuple(value.shape)}", t.span)
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise error("E603", f"scalar '{t.name}' must be a real number, got {type(value).__name__}", t.span)
-    value = float(value)
-    if not math.isfinite(value):
-        raise error("E603", f"scalar '{t.name}' must be finite, got {value}", t.span)
-    return value
-
-
 def validate(program: Program, args: dict) -> tuple[dict, dict, torch.device, dict]:
     """(tensors, scalars, device, sizes) of a call, or the first problem as a diagnostic."""
     expected = {t.name: t for t in program.inputs()}
-    unknown = [k for k in args if k not in expected]
-    if unknown:
-        raise error("E601", f"unexpected argument(s) {', '.join(unknown)}", None,
-                    "the program takes " + ", ".join(expected))
+    sizes_mod.check_names(program, args)
     tensors, scalars = {}, {}
     for name, t in expected.items():
         if t.is_scalar:
@@ -50,7 +26,8 @@ def validate(program: Program, args: dict) -> tuple[dict, dict, torch.device, di
             raise error("E601", f"missing tensor '{name}' ({t.describe()})", t.span)
         x = args[name]
         if not isinstance(x, torch.Tensor):
-            raise error("E601", f"'{name}' must be a torch.Tensor, got {type(x).__name__}", t.span)
+            raise error("E601", f"'{name}' must be a torch.Tensor, got {type(x).__name__}", t.span,
+                        f"pass a tensor of {t.describe()}, e.g. torch.as_tensor({name}).to(torch.{t.dtype.torch_name})")
         want = getattr(torch, t.dtype.torch_name)
         if x.dtype != want:
             raise error("E603", f"'{name}' is {x.dtype}, the program declares {t.describe()}", t.span,

@@ -184,7 +184,10 @@ struct Sm90BlockScale {
       Tensor tScale = make_tensor_like<float>(tSeg_mn.layout());
       Tensor fScale = filter(tScale);
       ElementScale stored[Slots];
-      bool exact_reciprocal = Pow2;
+      // A multiplication by 1/s instead of a division: bit-exact for power-of-two scales; for fp8
+      // outputs the product is within 1.5 ulp of f32 (24 bits) of x / s, far finer than fp8's 3 or 2
+      // mantissa bits (it changes a value only at an fp8 rounding tie). Integer outputs divide.
+      bool exact_reciprocal = Pow2 || !IntegerOut;
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < Slots; ++s) {
         float sc = __fdiv_rn(fmaxf(fAmax(s), params.floor), params.qmax);
@@ -193,13 +196,13 @@ struct Sm90BlockScale {
         }
         stored[s] = cutlass::NumericConverter<ElementScale, float>{}(sc);
         fScale(s) = sc;
-        exact_reciprocal = exact_reciprocal && sc >= 0x1p-126f && sc <= 0x1p126f;
+        exact_reciprocal = exact_reciprocal && (!Pow2 || (sc >= 0x1p-126f && sc <= 0x1p126f));
       }
 
       // 4. rewrite the fragments: q = x / scale, clamp (and round for integer outputs)
       float const lo = Output == 1 ? -8.f : -params.qmax;
       float const hi = Output == 1 ? 7.f : params.qmax;
-      if (exact_reciprocal) {  // power-of-two scales: x * (1/s) has the same bits as x / s
+      if (exact_reciprocal) {
         Tensor tRcp = make_tensor_like<float>(tSeg_mn.layout());
         Tensor fRcp = filter(tRcp);
         CUTLASS_PRAGMA_UNROLL

@@ -1,0 +1,99 @@
+"""The C ABI of a generated library, checked by roles.
+
+epic_info (in the source) lists the launch pointers as "role:tensor", in order; the runtime fills
+the pointer array from the same list. These checks read the code that USES the pointers -- which
+p[i] the template feeds the mainloop as A and B and the collective as D, which p[i] each node's
+initializer names, which pointer a combine kernel reads partials from or stores to -- and hold each
+use to the role and tensor that epic_info gives that index, and to what the node says it does (the
+tensor its comment names). A pointer swapped in the template or in a node's arguments fails here
+even where the list itself is consistent.
+"""
+from __future__ import annotations
+
+import re
+
+from .nodes import emulation
+from .parse import CombineSource, GemmSource
+
+_OPERANDS = ("A", "B", "D")
+
+
+def _entries(info: dict) -> list[tuple[str, str]]:
+    return [tuple(e.split(":", 1)) if ":" in e else (e, "") for e in info["ptrs"]]
+
+
+def _names(comment: str, tensor: str) -> bool:
+    """Whether a node's comment ("load tile z", "per-tile row sum -> part0", "1x32 block scale -> q,
+    scales q_scale") names the tensor, as a whole word."""
+    return re.search(rf"(?<![\w]){re.escape(tensor)}(?![\w])", comment) is not None
+
+
+def gemm_problems(src: GemmSource) -> list[str]:
+    """What is wrong with a gemm source's use of its pointers and scalars (empty: nothing)."""
+    entries = _entries(src.info)
+    problems = []
+
+    def entry(i: int) -> tuple[str, str]:
+        return entries[i] if 0 <= i < len(entries) else ("<none>", "")
+
+    for role in _OPERANDS:
+        i = src.operand_index(role)
+        if role == "D" and src.element_d == "void":
+            if src.operands["D"] != "nullptr":
+                problems.append(f"D is void but the template passes {src.operands['D']} as D")
+            continue
+        if i is None or entry(i)[0] != role:
+            problems.append(f"the template passes {src.operands[role]} as {role}, but epic_info says p[{i}] is "
+                            f"{':'.join(entry(i)) if i is not None else 'nothing'}")
+    users: dict[int, list[int]] = {}
+    for node in src.nodes:
+        roles = emulation(node).pointers
+        what = f"node {node.index} ({node.name}, '{node.comment}')"
+        for f, i in node.pointer_fields.items():
+            users.setdefault(i, []).append(node.index)
+            got_role, got_tensor = entry(i)
+            if f not in roles:
+                problems.append(f"{what} names p[{i}] in initializer field {f}, which is not a pointer of its kind")
+            elif got_role != roles[f]:
+                problems.append(f"{what} uses p[{i}], which epic_info says is {got_role}:{got_tensor}, not {roles[f]}")
+            elif not _names(node.comment, got_tensor):
+                problems.append(f"{what} uses p[{i}], which epic_info says is tensor '{got_tensor}', "
+                                "a tensor the node is not about")
+        for j in node.scalars:
+            names = src.info["scalars"]
+            name = names[j] if 0 <= j < len(names) else "<none>"
+            if not (node.comment.startswith("scalar ") and _names(node.comment, name)):
+                problems.append(f"{what} reads s[{j}], which epic_info says is scalar '{name}'")
+    for i, (role, tensor) in enumerate(entries):
+        if role not in _OPERANDS and len(users.get(i, [])) != 1:
+            problems.append(f"p[{i}] ({role}:{tensor}) is used by nodes {users.get(i, [])}, not by exactly one")
+    return problems
+
+
+def combine_problems(src: CombineSource, program=None) -> list[str]:
+    """What is wrong with a combine source's use of its pointers (empty: nothing). With the program,
+    element types and tensor kinds are checked too."""
+    entries = _entries(src.info)
+    problems = [f"pointer variable {v} holds P.p[{i}]" for v, i in src.pointer_vars.items() if v != f"p{i}"]
+    var = "m" if src.axis == "row" else "n"
+    expect = {"partial": f"{src.axis}_partial", "vector": "col" if src.axis == "row" else "row", "store": "out"}
+    count: dict[int, int] = {}
+    for use in src.uses:
+        count[use.index] = count.get(use.index, 0) + 1
+        role, tensor = entries[use.index] if use.index < len(entries) else ("<none>", "")
+        if role != expect[use.use]:
+            problems.append(f"the kernel uses p{use.index} as {use.use} ({expect[use.use]}), but epic_info says "
+                            f"it is {role}:{tensor}")
+            continue
+        if use.at != var:
+            problems.append(f"{role}:{tensor} is indexed by {use.at}, not by the thread's {var}")
+        if program is not None and tensor in program.tensors:
+            t = program.tensors[tensor]
+            if use.use != "partial" and t.dtype.cuda != use.element:
+                problems.append(f"{role}:{tensor} is accessed as {use.element}, but it is {t.dtype} ({t.dtype.cuda})")
+            if use.use == "partial" and t.role != "partial":
+                problems.append(f"partials are read from '{tensor}', a {t.role} tensor")
+    for i, (role, tensor) in enumerate(entries):
+        if count.get(i, 0) != 1:
+            problems.append(f"p{i} ({role}:{tensor}) is used {count.get(i, 0)} times, not once")
+    return problems

@@ -1,0 +1,116 @@
+"""The host emulation of each visitor node type, keyed by the type's name as the source prints it.
+
+An entry says which host type (tests/hostsim/hostsim.hpp) emulates the node, given its template
+arguments, and which launch pointer role each pointer field of its initializer must name (the ABI
+check, abi.py). A node type without an entry, or with template arguments its emulation does not
+cover, fails loudly (NoHostEmulation). Adding a node kind means: a host struct in hostsim.hpp that
+mirrors its Arguments and implements the hooks it needs (begin, visit, reduce, end), and an entry
+here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .parse import NodeDecl
+
+
+class NoHostEmulation(AssertionError):
+    """The generated source uses something the host simulator cannot run (yet)."""
+
+
+@dataclass(frozen=True)
+class Emulation:
+    host_type: Callable[[NodeDecl], str]     # the node -> its host emulation's C++ type
+    pointers: dict[int, str] = field(default_factory=dict)   # initializer field -> role of the pointer it names
+
+
+def _require(node: NodeDecl, ok: bool, what: str) -> None:
+    if not ok:
+        raise NoHostEmulation(f"no host emulation for node type {node.name} with {what} (node {node.index}: "
+                              f"{node.type})")
+
+
+def _args(node: NodeDecl, count: int) -> list[str]:
+    _require(node, len(node.args) >= count, f"fewer than {count} template arguments")
+    return node.args
+
+
+def _aux_load(node: NodeDecl) -> str:
+    stages, _, element = _args(node, 3)[:3]
+    return f"hostsim::AuxLoad<{element}, {'false' if stages.strip() == '0' else 'true'}>"
+
+
+def _broadcast(host: str) -> Callable[[NodeDecl], str]:
+    def make(node: NodeDecl) -> str:
+        stages, _, element, compute = _args(node, 4)[:4]
+        _require(node, stages == "0", f"Stages={stages}")
+        return f"hostsim::{host}<{element}, {compute}>"
+    return make
+
+
+def _scalar(node: NodeDecl) -> str:
+    element = _args(node, 1)[0]
+    _require(node, len(node.args) <= 2, "a broadcast count or reduction")
+    return f"hostsim::ScalarBroadcast<{element}>"
+
+
+def _compute(node: NodeDecl) -> str:
+    fn, out, compute, rounding = _args(node, 4)[:4]
+    _require(node, rounding == "RN" or rounding.endswith("round_to_nearest"), f"rounding {rounding}")
+    return f"hostsim::Compute<{fn}, {out}, {compute}>"
+
+
+def _aux_store(node: NodeDecl) -> str:
+    _, _, element, rounding = _args(node, 4)[:4]
+    _require(node, rounding == "RN" or rounding.endswith("round_to_nearest"), f"rounding {rounding}")
+    return f"hostsim::AuxStore<{element}>"
+
+
+def _reduction(host: str) -> Callable[[NodeDecl], str]:
+    """Sm90ColReduction / Sm90RowReduction<RegFn, ShuffleFn, GmemFn, Stages, CtaTile, ElementOutput,
+    ElementCompute, Round, Stride, Alignment, EnableNullptr, FinalReduction[, VisitCheckOOB]>."""
+    def make(node: NodeDecl) -> str:
+        a = _args(node, 12)
+        reg, shuffle, gmem, stages, tile, _, compute = a[:7]
+        _require(node, reg == shuffle == gmem, "different register, shuffle and global reductions")
+        _require(node, stages == "0", f"Stages={stages}")
+        _require(node, tile == "TileShape", f"a CTA tile other than TileShape ({tile})")
+        _require(node, a[11] == "false", f"FinalReduction={a[11]} (only per-tile partials are emulated)")
+        _require(node, len(a) < 13 or a[12] == "true", "VisitCheckOOB=false")
+        return f"hostsim::{host}<{reg}, {compute}>"
+    return make
+
+
+def _custom(host: str, count: int) -> Callable[[NodeDecl], str]:
+    """A custom node whose host emulation takes the same template arguments."""
+    def make(node: NodeDecl) -> str:
+        args = _args(node, count)
+        return f"hostsim::{host}" + (f"<{', '.join(args)}>" if args else "")
+    return make
+
+
+EMULATIONS: dict[str, Emulation] = {
+    "Sm90AccFetch": Emulation(lambda node: "hostsim::AccFetch"),
+    "Sm90AuxLoad": Emulation(_aux_load, {0: "aux_load"}),
+    "Sm90RowBroadcast": Emulation(_broadcast("RowBroadcast"), {0: "row"}),
+    "Sm90ColBroadcast": Emulation(_broadcast("ColBroadcast"), {0: "col"}),
+    "Sm90ScalarBroadcast": Emulation(_scalar),
+    "Sm90Compute": Emulation(_compute),
+    "Sm90AuxStore": Emulation(_aux_store, {0: "aux_store"}),
+    "Sm90ColReduction": Emulation(_reduction("ColReduction"), {0: "row_partial"}),   # one partial per row
+    "Sm90RowReduction": Emulation(_reduction("RowReduction"), {0: "col_partial"}),   # one partial per column
+    # epic's own nodes (templates/nodes/epic_nodes/)
+    "epic_nodes::Sm90Coordinate": Emulation(_custom("Coordinate", 1)),
+    "epic_nodes::Sm90RowLsePartial": Emulation(_custom("RowLsePartial", 1), {0: "row_partial"}),
+    "epic_nodes::Sm90PackedInt4Store": Emulation(_custom("PackedInt4Store", 0), {0: "int4_store"}),
+    "epic_nodes::Sm90BlockScale": Emulation(_custom("BlockScale", 5), {0: "block_scale", 3: "int4_store"}),
+}
+
+
+def emulation(node: NodeDecl) -> Emulation:
+    try:
+        return EMULATIONS[node.name]
+    except KeyError:
+        raise NoHostEmulation(f"no host emulation for node type {node.name} (node {node.index}: {node.comment}); "
+                              "add one to tests/hostsim/nodes.py and hostsim.hpp") from None

@@ -1,0 +1,126 @@
+"""Generated kernel sources -> host C++ (one namespace per kernel; hostsim.hpp supplies the rest).
+
+gemm: the functors and device helpers are pasted as they are; each node becomes its host
+emulation (nodes.py) constructed from its own initializer text; the DAG is evaluated per fragment
+in node order along the parsed edges; the root's result is stored as D when D is not void.
+combine: the whole source is pasted, with its includes removed (the TU includes them once), the
+launch `k<<<grid, block, smem, stream>>>(args)` turned into hostsim::launch (a loop over threads)
+(which runs warps of lanes, shuffles included)
+and cudaGetLastError into the status of those launches. Either way the namespace defines epic_launch,
+epic_workspace_size and epic_info with the C ABI's signatures; compiler.py exports them.
+"""
+from __future__ import annotations
+
+import re
+
+from .nodes import emulation
+from .parse import GemmSource, SourceFormatError, parse_combine, parse_gemm, kind
+
+LAYOUTS = {"A": "cutlass::layout::RowMajor", "B": "cutlass::layout::ColumnMajor", "D": "cutlass::layout::RowMajor"}
+
+
+def translate(source: str, namespace: str) -> str:
+    """Host C++ for one generated source, inside `namespace`."""
+    if kind(source) == "gemm":
+        return gemm(parse_gemm(source), namespace)
+    parse_combine(source)          # fails early on a source of an unknown shape
+    return combine(source, namespace)
+
+
+# ------------------------------------------------------------------------------------------ gemm
+def gemm(src: GemmSource, namespace: str) -> str:
+    for role, layout in LAYOUTS.items():
+        if src.layouts[role] != layout:
+            raise SourceFormatError(f"Layout{role} is {src.layouts[role]}; the host simulator emulates {layout}")
+    m, n, k = src.problem
+    for stride, extents in (("sA", [m, k, "1"]), ("sB", [n, k, "1"]), ("sD", [m, n, "1"]), ("sAux", [m, n, "1"])):
+        if src.strides.get(stride) != extents:   # what the emulation assumes: packed A [M, K], B [N, K], ...
+            raise SourceFormatError(f"{stride} is made for extents {src.strides.get(stride)}; the host simulator "
+                                    f"emulates packed {stride} of {extents}")
+    types = [emulation(n).host_type(n) for n in src.nodes]
+    root = len(src.nodes) - 1
+    info = re.search(r"epic_info\s*\(\s*(?:void)?\s*\)\s*\{\s*return\s+(\".*\")\s*;", src.text, re.S).group(1)
+    out = [f"namespace {namespace} {{",
+           "using _0 = hostsim::Int<0>;",
+           "using _1 = hostsim::Int<1>;",
+           "// ---- device helpers and element-wise functors, as generated",
+           *src.helpers, *src.functors,
+           f"using ElementA = {src.element_a};",
+           f"using ElementB = {src.element_b};",
+           f"using ElementD = {src.element_d};",
+           f"using TileShape = hostsim::Shape<{', '.join(map(str, src.tile))}>;",
+           "// ---- the nodes (host emulations of the generated node types)"]
+    out += [f"using Node{n.index} = {t};  // {n.name}: {n.comment}" + (f" (identity {n.identity})" if n.identity else "")
+            for n, t in zip(src.nodes, types)]
+    out += ["",
+            "int epic_launch(void* const* ptrs, const long long* sizes, const float* scalars, void* stream,",
+            "                void* workspace, size_t workspace_bytes) {",
+            "  (void)stream; (void)workspace; (void)workspace_bytes;",
+            "  if (!ptrs || !sizes || !scalars) return -1;",
+            "  void* const* p = ptrs;",
+            "  const float* s = scalars;",
+            "  (void)s;",
+            f"  {src.sizes_decl}",
+            f"  const hostsim::Problem problem{{{', '.join(src.problem)}}};",
+            "  hostsim::AnyStride sAux;",
+            "  (void)sAux;",
+            "  const int acc_rows = hostsim::ceil_div(problem.M, TileShape::M) * TileShape::M;",
+            "  const int acc_cols = hostsim::ceil_div(problem.N, TileShape::N) * TileShape::N;",
+            f"  const std::vector<float> acc = hostsim::accumulate({src.operands['A']}, {src.operands['B']}, "
+            "problem, acc_rows, acc_cols);"]
+    out += [f"  Node{n.index} node{n.index}(Node{n.index}::Arguments{n.init}, problem);" for n in src.nodes]
+    if src.element_d != "void":
+        out.append(f"  ElementD* d = {src.operands['D']};")
+    visits = []
+    for n in src.nodes:
+        args = "".join(f", v{i}" for i in n.inputs)
+        visits.append(f"      auto v{n.index} = node{n.index}.visit(f{args});")
+        visits.append(f"      (void)v{n.index};")
+    each = [f"    node{n.index}" for n in src.nodes]
+    out += ["  // every tile: visit each fragment along the edges; the nodes' reduce hooks see the root's",
+            "  // results of the tile (and may rewrite them) before the collective stores them as D",
+            "  hostsim::for_each_tile(problem, TileShape::M, TileShape::N, [&](hostsim::Tile const& tile) {",
+            *[f"{e}.begin(tile);" for e in each],
+            "    auto visit = [&](hostsim::Fragment const& f) {",
+            *visits,
+            f"      return v{root};",
+            "    };",
+            "    std::vector<hostsim::Fragment> fragments;",
+            "    std::vector<decltype(visit(std::declval<hostsim::Fragment const&>()))> results;",
+            "    hostsim::for_each_fragment(tile, acc, acc_cols, [&](hostsim::Fragment const& f) {",
+            "      fragments.push_back(f);",
+            "      results.push_back(visit(f));",
+            "    });",
+            *[f"{e}.reduce<ElementD>(tile, fragments, results);" for e in each]]
+    if src.element_d != "void":
+        out.append("    for (size_t i = 0; i < fragments.size(); ++i) hostsim::store_d(d, fragments[i], problem, results[i]);")
+    out += [*[f"{e}.end(tile);" for e in each],
+            "  });",
+            "  return 0;",
+            "}",
+            "",
+            "size_t epic_workspace_size(const long long* sizes) { (void)sizes; return 0; }",
+            f"const char* epic_info(void) {{ return {info}; }}",
+            f"}}  // namespace {namespace}"]
+    return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------------------------------ combine
+_LAUNCH = re.compile(r"(\w+)\s*<<<(.*?)>>>\s*\((.*?)\)\s*;", re.S)
+
+
+def combine(source: str, namespace: str) -> str:
+    text = "\n".join(line for line in source.splitlines()
+                     if not line.lstrip().startswith("#include") and not line.lstrip().startswith("#define EPIC_API"))
+    text, launches = _LAUNCH.subn(lambda m: f"hostsim::launch({m.group(2)}, [&] {{ {m.group(1)}({m.group(3)}); }});",
+                                  text)
+    if launches != 1:
+        raise SourceFormatError(f"expected one kernel launch (<<<...>>>) in the combine source, found {launches}")
+    return "\n".join([
+        f"namespace {namespace} {{",
+        "using namespace hostsim::cuda_builtins;",
+        "#define cudaGetLastError hostsim::last_launch_status",
+        text,
+        "#undef cudaGetLastError",
+        f"}}  // namespace {namespace}",
+    ]) + "\n"

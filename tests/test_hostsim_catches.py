@@ -1,0 +1,180 @@
+"""The host simulator can fail: bugs planted in code generation make the check of tests/test_hostsim.py
+fail (each next to a control: the same case without the bug passes).
+
+Bugs are planted by monkeypatching epic or by editing a rendered source before the harness parses
+it; nothing on disk changes. All variants are generated first and compiled together (one g++ run
+per core), then each test runs its own.
+"""
+import dataclasses
+import re
+from contextlib import contextmanager
+
+import pytest
+
+from epic.codegen import emit, functor
+from epic.ir import primitives as P
+
+from . import hostsim
+from .conftest import ROOT
+from .hostsim import harness
+
+SEED = 20251130
+
+
+# ------------------------------------------------------------------------------------------ the bugs
+@contextmanager
+def no_bug():
+    yield
+
+
+@contextmanager
+def even_odd_swapped():
+    """The functor writer takes odd columns for even(x) and even ones for odd(x)."""
+    original = functor.ExprWriter._pair
+
+    def swapped(self, v, p):
+        if p.pair_part is not None:
+            p = dataclasses.replace(p, pair_part=1 - p.pair_part)
+        return original(self, v, p)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(functor.ExprWriter, "_pair", swapped)
+        yield
+
+
+@contextmanager
+def combine_skips_first_tile():
+    """The rendered combine kernel merges the partials from tile 1 on."""
+    original = emit.render_combine
+
+    def render(spec):
+        text = original(spec)
+        planted = re.sub(r"for \(int t = (\w+); t < tiles_", r"for (int t = \1 + 1; t < tiles_", text)
+        assert planted != text, "the combine loop was not found: update the planted bug"
+        return planted
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(emit, "render_combine", render)
+        yield
+
+
+@contextmanager
+def combine_skips_last_row():
+    """The rendered combine kernel's threads stop one row early: the last row is never written."""
+    original = emit.render_combine
+
+    def render(spec):
+        text = original(spec)
+        planted = text.replace("if (m >= P.M) return;", "if (m >= P.M - 1) return;")
+        assert planted != text, "the combine kernel's row guard was not found: update the planted bug"
+        return planted
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(emit, "render_combine", render)
+        yield
+
+
+@contextmanager
+def max_identity_zero():
+    """The max reduction's identity is 0 instead of -inf (in code generation and, as shared state,
+    in the reference's padding too: only the kernels' own use of the identity can show it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(P.REDUCTIONS, "max", dataclasses.replace(P.REDUCTIONS["max"], identity=(0.0,)))
+        yield
+
+
+def swap_operands(source: str) -> str:
+    """The gemm template passes B's pointer as A and A's as B."""
+    if "ElementA const*>(p[0])" not in source:
+        return source
+    return (source.replace("ElementA const*>(p[0])", "ElementA const*>(p[@1])")
+            .replace("ElementB const*>(p[1])", "ElementB const*>(p[0])").replace("p[@1]", "p[1]"))
+
+
+def swap_node_pointers(source: str) -> str:
+    """Two nodes' pointer indices exchanged in dag_args (p[3] <-> p[4])."""
+    start = source.find("dag_args{")
+    if start < 0:
+        return source
+    end = source.index("};", start)
+    block = re.sub(r"p\[(3|4)\]", lambda m: "p[4]" if m.group(1) == "3" else "p[3]", source[start:end])
+    return source[:start] + block + source[end:]
+
+
+def rename_node_type(source: str) -> str:
+    """A node type the simulator has never heard of."""
+    return source.replace("Sm90RowBroadcast<", "Sm90FancyBroadcast<")
+
+
+# program, sizes, configuration M, how the bug is planted (patch during generation and check,
+# or an edit of the rendered sources), what the failure must say
+PLANTED = {
+    "swapped_operands": ("samples/bias_gelu.epi", dict(M=77, K=200, N=392), 64, no_bug, swap_operands,
+                         r"passes static_cast<ElementA const\*>\(p\[1\]\) as A"),
+    "swapped_node_pointers": ("samples/residual_rmsnorm.epi", dict(M=77, D=392), 64, no_bug, swap_node_pointers,
+                              r"uses p\[4\], which epic_info says is row:gamma, not aux_load"),
+    "even_odd_swapped_small_m": ("tests/programs/pair_swap.epi", dict(M=77, K=200, N=392), 64, even_odd_swapped,
+                                 None, r"y \(f32\): \d+ of"),
+    "even_odd_swapped_large_m": ("samples/swiglu.epi", dict(M=300, D=200, F=200), 8192, even_odd_swapped,
+                                 None, r"y \(bf16\): \d+ of"),
+    "combine_skips_first_tile": ("samples/residual_rmsnorm.epi", dict(M=77, D=392), 64, combine_skips_first_tile,
+                                 None, r"r \(f32\): \d+ of 77 elements off"),
+    "combine_skips_last_row": ("samples/residual_rmsnorm.epi", dict(M=77, D=392), 8192, combine_skips_last_row,
+                               None, r"r: 1 of 77 elements depend on the buffer's initial contents"),
+    "max_identity_zero": ("tests/programs/col_stats.epi", dict(M=300, K=200, N=392), 8192, max_identity_zero,
+                          None, r"g__rmax_part0 \(f32\)"),
+}
+
+
+def negative_inputs(case: harness.Case) -> dict:
+    """Inputs whose every accumulator and every h = acc + z is negative (x >= 0, w <= 0, z < 0):
+    a max reduction that starts from 0 instead of -inf gives 0 on every row and column."""
+    inputs = harness.make_inputs(case, SEED)
+    inputs["x"] = inputs["x"].abs()
+    inputs["w"] = -inputs["w"].abs()
+    if "z" in inputs:
+        inputs["z"] = -(inputs["z"].abs() + 1)
+    return inputs
+
+
+def inputs_for(name: str, case: harness.Case) -> dict:
+    return negative_inputs(case) if name == "max_identity_zero" else harness.make_inputs(case, SEED)
+
+
+@pytest.fixture(scope="module")
+def cases():
+    """name -> (the case with the bug, the same case without it), all compiled up front."""
+    try:
+        hostsim.toolchain()
+    except hostsim.ToolchainMissing as e:
+        pytest.skip(f"host simulator unavailable: {e}")
+    out = {}
+    for name, (program, sizes, config_m, patch, edit, _) in PLANTED.items():
+        path = str(ROOT / program)
+        control = harness.prepare(path, sizes, config_m)
+        with patch():
+            buggy = harness.prepare(path, sizes, config_m)
+        if edit is not None:
+            buggy = buggy.with_sources(edit)
+        assert buggy.sources != control.sources, f"{name}: planting the bug changed no generated source"
+        out[name] = buggy, control
+    hostsim.compiler.prebuild([s for pair in out.values() for case in pair for s in case.sources
+                               if not hostsim.harness.abi_problems(case)])
+    return out
+
+
+@pytest.mark.parametrize("name", list(PLANTED))
+def test_planted_bug_fails_the_check(cases, name):
+    buggy, control = cases[name]
+    _, _, _, patch, _, message = PLANTED[name]
+    harness.check(control, SEED, inputs_for(name, control))          # the control passes ...
+    with patch(), pytest.raises(AssertionError, match=message) as info:   # ... the planted bug does not
+        harness.check(buggy, SEED, inputs_for(name, buggy))
+    assert buggy.path in str(info.value) and f"seed {SEED}" in str(info.value)
+
+
+def test_node_without_emulation_fails_loudly(cases):
+    _, control = cases["swapped_node_pointers"]
+    renamed = control.with_sources(rename_node_type)
+    with pytest.raises(hostsim.NoHostEmulation, match="no host emulation for node type Sm90FancyBroadcast"):
+        harness.check(renamed, SEED)
