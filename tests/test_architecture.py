@@ -25,7 +25,7 @@ LAYERS = [
     ("epic.pipeline", 6),
     ("epic.plan", 7),
     ("epic.codegen", 8),
-    ("epic.runtime", 9), ("epic.weights", 9),
+    ("epic.runtime", 9), ("epic.weights", 9), ("epic.distributed", 9),
     ("epic", 10),
     ("epic_cli", 11),
 ]
