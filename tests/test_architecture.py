@@ -102,3 +102,10 @@ def test_language_doc_holds_the_records_table():
     from epic.ir import catalog
     doc = (ROOT / "docs" / "LANGUAGE.md").read_text()
     assert catalog.markdown() in doc, "docs/LANGUAGE.md's primitives table differs from `epic ops --markdown`"
+
+
+def test_language_doc_lists_every_diagnostic_code():
+    from epic import diagnostics
+    doc = (ROOT / "docs" / "LANGUAGE.md").read_text()
+    missing = [c for c, text in diagnostics.CODES.items() if f"| {c} | {text} |" not in doc]
+    assert not missing, f"docs/LANGUAGE.md's diagnostics table lacks {missing}"
