@@ -5,6 +5,7 @@ import sys
 
 from epic import pipeline, sizes as sizes_mod
 from epic.diagnostics import EpicError, error
+from epic.frontend import sources
 from epic.ir import dump
 
 
@@ -12,14 +13,14 @@ def cmd_check(args) -> int:
     status = 0
     for path in args.files:
         try:
-            analysis = pipeline.analyze(path)
+            analysis = pipeline.analyze(path, path=True)
         except EpicError as e:
             print(str(e), file=sys.stderr)
             status = max(status, e.exit_status)
             continue
         p = analysis.program
         gemms = sum(1 for k in p.kernels if k.kind == "gemm")
-        print(f"{path}: ok ({gemms} gemm{'s' if gemms != 1 else ''}, {len(p.kernels)} kernel"
+        print(f"{p.name}: ok ({gemms} gemm{'s' if gemms != 1 else ''}, {len(p.kernels)} kernel"
               f"{'s' if len(p.kernels) != 1 else ''} after rewrites)")
     return status
 
@@ -40,7 +41,7 @@ def cmd_ir(args) -> int:
         return 0
     if args.after and args.after not in manager.pass_names():
         raise error("E801", f"unknown pass '{args.after}'", None, "passes: " + ", ".join(manager.pass_names()))
-    analysis = pipeline.analyze(args.file, stop_after=args.after)
+    analysis = pipeline.analyze(args.file, stop_after=args.after, path=True)
     stages = analysis.stages
     if args.after_all:
         print("// ---- after front end")
@@ -83,15 +84,36 @@ def _sizes(program, text: str) -> dict[str, int]:
     return sizes
 
 
+# The reference interpreter holds every tensor in float64 on the CPU: refuse sizes it cannot hold
+# (512 MiB per tensor) with a diagnostic instead of an allocation failure.
+REFERENCE_MAX_ELEMENTS = 1 << 26
+
+
+def _check_reference_sizes(program, sizes: dict[str, int]) -> None:
+    shapes = [(f"'{t.name}'", t.dims) for t in program.tensors.values()]
+    shapes += [(f"the accumulator of gemm '{k.name}'", (k.rows, k.n)) for k in program.kernels if k.kind == "gemm"]
+    for what, dims in shapes:
+        count = 1
+        for d in dims:
+            count *= sizes_mod.evaluate(d, sizes)
+        if count > REFERENCE_MAX_ELEMENTS:
+            raise error("E607", f"{what} would hold {count:,} values at these sizes; the reference interpreter "
+                        f"runs on at most {REFERENCE_MAX_ELEMENTS:,} per tensor", None,
+                        "the reference is float64 on the CPU: use small sizes, e.g. --shape M=64,...")
+
+
 def cmd_ref(args) -> int:
     from epic import reference
     from epic.checks import layout
-    analysis = pipeline.analyze(args.file)
+    analysis = pipeline.analyze(args.file, path=True)
     program = analysis.source_program
     sizes = _sizes(program, args.shape)
     diags = layout.check_sizes(program, sizes)
     if diags:
         raise EpicError(diags)
+    _check_reference_sizes(program, sizes)
+    if not -2**63 <= args.seed < 2**64:
+        raise error("E801", f"--seed {args.seed} is out of range", None, "use a seed between 0 and 2**63 - 1")
     inputs = reference.random_inputs(program, sizes, args.seed)
     exact = not args.rounded
     outputs = reference.run(program, inputs, exact=exact, sizes=sizes)
@@ -107,7 +129,7 @@ def cmd_ref(args) -> int:
 
 def cmd_plan(args) -> int:
     from epic.plan import ledger, planner
-    analysis = pipeline.analyze(args.file)
+    analysis = pipeline.analyze(args.file, path=True)
     plan = planner.make_plan(analysis.program, _sizes(analysis.program, args.shape))
     print(ledger.render(plan, analysis.source_program))
     return 0
@@ -115,9 +137,14 @@ def cmd_plan(args) -> int:
 
 def cmd_compile(args) -> int:
     from epic.codegen import emit
-    analysis = pipeline.analyze(args.file)
+    analysis = pipeline.analyze(args.file, path=True)
     sizes = _sizes(analysis.program, args.shape) if args.shape else None
-    for p in emit.write_sources(analysis.program, args.output, sizes):
+    try:
+        written = emit.write_sources(analysis.program, args.output, sizes)
+    except OSError as e:
+        raise error("E801", f"cannot write to -o {sources.printable(args.output)}: {e.strerror or e}", None,
+                    "give a directory that can be created or written") from None
+    for p in written:
         print(p)
     if args.build:
         _build(analysis, sizes, None)
@@ -125,7 +152,10 @@ def cmd_compile(args) -> int:
 
 
 def cmd_build(args) -> int:
-    analysis = pipeline.analyze(args.file)
+    if args.jobs is not None and args.jobs < 1:
+        raise error("E801", f"-j {args.jobs}: the number of parallel nvcc processes must be at least 1", None,
+                    "leave -j out to use one per CPU")
+    analysis = pipeline.analyze(args.file, path=True)
     _build(analysis, _sizes(analysis.program, args.shape) if args.shape else None, args.jobs)
     return 0
 

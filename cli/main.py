@@ -89,18 +89,33 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from . import cache_cmd, commands
     try:
-        return getattr(cache_cmd if args.command == "cache" else commands, f"cmd_{args.command}")(args)
+        code = getattr(cache_cmd if args.command == "cache" else commands, f"cmd_{args.command}")(args)
+        sys.stdout.flush()      # a closed pipe shows here, not at exit
+        return code
     except EpicError as e:
         print(str(e), file=sys.stderr)
         return e.exit_status
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:     # `epic ir ... | head`: the reader has all it wants
+        _discard_stdout()
+        return 141              # as if killed by SIGPIPE (128 + 13), like other tools in a pipe
     except Exception as e:  # a bug in epic: say so plainly; the traceback only on request
         if envflags.enabled("EPIC_DEBUG"):
             raise
         print(f"epic: internal error: {type(e).__name__}: {e}\n"
               "This is a bug in epic, not in your program. Set EPIC_DEBUG=1 for the traceback.", file=sys.stderr)
         return 3
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null so that Python's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):   # stdout is not a file (captured in a test)
+        pass
 
 
 if __name__ == "__main__":

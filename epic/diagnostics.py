@@ -69,8 +69,9 @@ class Source:
     text: str
 
     def line(self, lineno: int) -> str:
-        lines = self.text.splitlines()
-        return lines[lineno - 1] if 0 < lineno <= len(lines) else ""
+        """Line `lineno` as the parser counts lines (by \\n only), without its line end."""
+        lines = self.text.split("\n")
+        return lines[lineno - 1].rstrip("\r") if 0 < lineno <= len(lines) else ""
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class Span:
 
     def caret(self) -> str:
         """The source line with a caret (and tildes to the end of the span on that line)."""
-        text = self.source.line(self.line).expandtabs(1)
+        text = "".join(c if c.isprintable() else " " for c in self.source.line(self.line).expandtabs(1))
         width = 1
         if self.end_line == self.line and self.end_column and self.end_column > self.column:
             width = self.end_column - self.column

@@ -50,7 +50,7 @@ ALIASES = {"float32": F32, "fp32": F32, "bfloat16": BF16, "float16": F16, "fp16"
            "fp8e4m3": E4M3, "float8_e4m3": E4M3, "fp8e5m2": E5M2, "float8_e5m2": E5M2,
            "int32": I32, "int8": I8, "int4": I4}
 
-GEMM_OPERAND = (BF16, F16, E4M3, E5M2)   # what the sm90 mainloop multiplies
+GEMM_OPERAND = (BF16, F16, E4M3, E5M2, I8)   # what the sm90 mainloop multiplies
 STORABLE = (F32, BF16, F16, E4M3, E5M2, I32, I8, I4)
 
 

@@ -17,4 +17,6 @@ def enabled(name: str, default: bool = False) -> bool:
         return True
     if value in _OFF:
         return False
-    return default
+    from .diagnostics import error
+    raise error("E706", f"{name}={os.environ.get(name)!r} is neither on nor off", None,
+                "use 1/true/yes/on or 0/false/no/off (or unset it)")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from .checks import layout, locality
 from .deep import run_deep
-from .diagnostics import EpicError
+from .diagnostics import EpicError, error
 from .frontend import sources
 from .frontend.lower import load_program
 from .ir.core import Program
@@ -55,7 +55,15 @@ def lower(path_or_text: str, name: str | None = None, path: bool | None = None) 
 def analyze(path_or_text: str, run_passes: bool = True, stop_after: str | None = None,
             name: str | None = None, path: bool | None = None) -> Analysis:
     """Front end, static checks, passes, locality. `name` labels an inline program in diagnostics;
-    path=True says path_or_text is a file name even if it does not look like one."""
+    path=True says path_or_text is a file name even if it does not look like one (a pathlib.Path
+    always is)."""
+    if isinstance(path_or_text, os.PathLike):
+        path_or_text, path = os.fspath(path_or_text), True
+    if isinstance(path_or_text, bytes):
+        path_or_text, path = os.fsdecode(path_or_text), True
+    if not isinstance(path_or_text, str):
+        raise error("E802", f"a program is a path or the program's text, not {type(path_or_text).__name__}", None,
+                    'e.g. epic.compile("model.epi") or epic.compile(pathlib.Path("model.epi"))')
     return run_deep(_analyze, path_or_text, run_passes, stop_after, name, path)
 
 

@@ -24,6 +24,7 @@ PROGRAMS = {
     "samples/cross_entropy.epi": lambda m, n, k: dict(M=m, D=k, V=n),
     "samples/fp8_block_quant.epi": lambda m, n, k: dict(M=m, D=k, N=_up(n, 128)),
     "samples/int4_pack.epi": lambda m, n, k: dict(M=m, D=k, N=_up(n, 256)),
+    "samples/w8a8.epi": lambda m, n, k: dict(M=m, K=_up(k, 16), N=n),
     "bench/programs/prenorm_half.epi": lambda m, n, k: dict(M=m, D=n, F=k),
     "tests/programs/pair_swap.epi": lambda m, n, k: dict(M=m, K=k, N=n),
     "tests/programs/col_stats.epi": lambda m, n, k: dict(M=m, K=k, N=n),

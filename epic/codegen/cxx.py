@@ -55,11 +55,12 @@ def identifier(name: str, limit: int = 48) -> str:
     """A C identifier (and file-name part) for a user name: [A-Za-z0-9_] only, never a keyword, and
     bounded in length (a long name keeps a prefix plus a hash, so names stay distinct)."""
     safe = re.sub(r"[^A-Za-z0-9_]", "_", name) or "_"
-    if safe[0].isdigit():
-        safe = "_" + safe
-    if len(safe) > limit or safe != name:
-        safe = safe[:limit - 9] + "_" + hashlib.sha256(name.encode()).hexdigest()[:8]
-    return "epic_" + safe if safe in _KEYWORDS else safe
+    # any name that could equal another's escaped form (too long, changed, a keyword, or shaped like an
+    # escaped name) gets a hash of itself: two different names never map to one identifier
+    escaped = re.fullmatch(r".*_[0-9a-f]{8}", safe) or safe.startswith("epic_")
+    if len(safe) > limit or safe != name or safe in _KEYWORDS or safe[0].isdigit() or escaped:
+        safe = "epic_" + safe[:limit - 14] + "_" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return safe
 
 
 _KEYWORDS = set("""alignas alignof and and_eq asm auto bitand bitor bool break case catch char char16_t char32_t

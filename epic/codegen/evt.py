@@ -38,6 +38,7 @@ class KernelSpec:
     element_b: str
     align_a: int
     align_b: int
+    element_acc: str     # the accumulator: float, or int32_t for int8 x int8
     element_d: str       # "void" when no output goes through the collective
     align_d: int
     aux_element: str     # sizes D's shared memory when D is void
@@ -196,6 +197,7 @@ class Builder:
         aux = self.aux_elements[0] if self.aux_elements else dtypes.BF16.cutlass
         return KernelSpec(
             name=k.name, symbol=identifier(k.name), config=cfg,
+            element_acc="int32_t" if a.dtype.is_int else "float",
             element_a=a.dtype.cutlass, element_b=b.dtype.cutlass, align_a=128 // a.dtype.bits,
             align_b=128 // b.dtype.bits, element_d=self.element_d, align_d=self.align_d, aux_element=aux,
             functors=self.functors, nodes=self.nodes, pointers=self.pointers, scalars=self.scalars,

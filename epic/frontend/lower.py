@@ -64,20 +64,22 @@ class Lowering:
                         "a program is one or more `gemm NAME(A @ B) { ... }` blocks")
         return Program(self.module.source.name, self.tensors, self.kernels, list(self.dims))
 
-    def _collect_defs(self, module: ast.Module, into: dict, visiting: set) -> None:
+    def _collect_defs(self, module: ast.Module, into: dict, visiting: set, base_dir: str | None = None) -> None:
+        """The definitions of a module and of what it imports; a `use` is relative to its own file."""
+        base_dir = self.base_dir if base_dir is None else base_dir
         for item in module.items:
             if isinstance(item, ast.Use):
-                path = item.path if os.path.isabs(item.path) else os.path.join(self.base_dir, item.path)
+                path = item.path if os.path.isabs(item.path) else os.path.join(base_dir, item.path)
                 key = os.path.abspath(path)
                 if key in visiting:
                     continue
                 visiting.add(key)
-                sub = parse(sources.read_use(path, item.span), path)
+                sub = parse(sources.read_use(path, item.span), sources.printable(path))
                 for it in sub.items:
                     if isinstance(it, (ast.Gemm, ast.InDecl)):
                         raise error("E202", f"'{item.path}' may only hold definitions (def) and use lines", it.span,
                                     "move gemms and inputs into the program that imports the library")
-                self._collect_defs(sub, into, visiting)
+                self._collect_defs(sub, into, visiting, os.path.dirname(os.path.abspath(path)))
             elif isinstance(item, ast.Def):
                 if item.name in into:
                     raise error("E202", f"'{item.name}' is defined twice", item.span,
@@ -86,6 +88,12 @@ class Lowering:
                 if item.name in P.BUILTIN_NAMES or item.name in P.RESERVED or dtypes.lookup(item.name):
                     raise error("E202", f"'{item.name}' is a built-in name and cannot be redefined", item.span,
                                 f"call the definition something else, e.g. my_{item.name}")
+                seen: set[str] = set()
+                for param in item.params:
+                    if param.name in seen:
+                        raise error("E202", f"'{item.name}' has two parameters named '{param.name}'", param.span,
+                                    "give each parameter its own name")
+                    seen.add(param.name)
                 into[item.name] = item
 
     # ------------------------------------------------------------------ declarations
@@ -189,7 +197,8 @@ class Lowering:
                 raise error("E209", f"the B operand '{op.name}' must be a program input (weights)", op.span,
                             f"declare it here: {op.name}2: bf16[K, N]; only the A operand may be an earlier result")
         if t.dtype not in dtypes.GEMM_OPERAND:
-            raise error("E205", f"GEMM operand '{op.name}' is {t.dtype}; the mainloop multiplies bf16, f16, e4m3 or e5m2",
+            raise error("E205", f"GEMM operand '{op.name}' is {t.dtype}; the mainloop multiplies bf16, f16, e4m3, e5m2 "
+                        "or i8 (int8 x int8 with an i32 accumulator)",
                         op.type.dtype_span if op.type else op.span,
                         "store the earlier result as bf16 (tmp x: bf16 = ...)" if t.role in ("out", "tmp") else None)
         return t
@@ -208,15 +217,23 @@ class Lowering:
         if k != k2:
             raise error("E209", f"inner dimensions differ: {a.name} is [{rows}, {k}] but {b.name} is [{k2}, {n}]",
                         g.b.span, "A[M, K] @ B[K, N]: the second dimension of A is the first of B")
-        if (a.dtype.bits == 8) != (b.dtype.bits == 8) or (a.dtype.bits == 16 and a.dtype is not b.dtype):
+        if not _multipliable(a.dtype, b.dtype):
             raise error("E205", f"cannot multiply {a.dtype} by {b.dtype}", g.b.span,
-                        "use the same 16-bit type on both sides, or fp8 (e4m3/e5m2) on both")
+                        "use the same 16-bit type on both sides, fp8 (e4m3/e5m2, mixed as well) on both, "
+                        "or i8 on both")
         if self.rows is None:
             self.rows = rows
         elif rows != self.rows:
             raise error("E209", f"'{a.name}' has {rows} rows but the program's rows are {self.rows}", g.a.span,
                         "in a chain every GEMM keeps the row count M: a later GEMM's A is an earlier output [M, X]")
         return _KernelBuilder(self, g, a, b, rows, k, n).build()
+
+
+def _multipliable(a: dtypes.DType, b: dtypes.DType) -> bool:
+    """Operand pairs the sm90 mainloop multiplies: the same 16-bit type, fp8 with fp8, i8 with i8."""
+    if a.bits == 16 or b.bits == 16:
+        return a is b
+    return a.is_int == b.is_int
 
 
 class _KernelBuilder:
@@ -228,7 +245,8 @@ class _KernelBuilder:
         self.loads: dict[str, Value] = {}
         self.env: dict[str, Value] = {}
         self.stores: list[Store] = []
-        self.acc = make("acc", (), {}, g.span, "acc")
+        # the accumulator is f32; an int8 x int8 gemm accumulates exactly in i32
+        self.acc = make("acc", (), {"dtype": dtypes.I32} if a.dtype.is_int else {}, g.span, "acc")
         self.exprs = ExprLowering(self)
 
     @property

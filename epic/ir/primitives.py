@@ -282,8 +282,9 @@ def _sign(xs, a):
 
 _PRIMS = [
     # ---- sources (operand-free values); their meaning needs the interpreter's context
-    Primitive("acc", Family.SOURCE, 0, _fixed(F32, TILE), ref=lambda it, v, xs: it.accumulator(), context=True,
-              keyword="acc", doc="the f32 accumulator tile of the gemm"),
+    Primitive("acc", Family.SOURCE, 0, lambda args, attrs: (attrs.get("dtype", F32), TILE),
+              ref=lambda it, v, xs: it.accumulator(), context=True, keyword="acc",
+              doc="the accumulator tile of the gemm (f32; i32 for int8 x int8 gemms)"),
     Primitive("load", Family.SOURCE, 0, _from_attrs, ref=lambda it, v, xs: it.load(v), context=True,
               reads="tensor", show=lambda a: a["tensor"], doc="a program input or an earlier gemm's stored tensor"),
     Primitive("const", Family.SOURCE, 0, lambda args, attrs: (attrs["dtype"], SCALAR),

@@ -168,6 +168,13 @@ def heuristic(m: int, blocks: set[int] | None = None, kernel=None, tensors: dict
     return ladder[0]
 
 
+def _tile_for(schedule: str, tile: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The heuristic's tile, or with M changed to one the schedule accepts (cooperative 128, pingpong 64)."""
+    if not vocab.combination_problems(schedule, tile, None):
+        return tile
+    return ((128 if schedule == "cooperative" else 64),) + tuple(tile[1:])
+
+
 def _schedule_for(tile: tuple[int, int, int], preferred: str) -> str:
     """The preferred schedule if it accepts the tile's M, else the other one."""
     if not vocab.combination_problems(preferred, tile, None):
@@ -189,10 +196,14 @@ def choose(kernel, m: int, override: dict | None, tensors: dict) -> KernelConfig
     """The configuration of one gemm: call-time override > options in the file > heuristic (the
     first configuration of its ladder whose shared memory leaves the mainloop 2 stages)."""
     cfg = heuristic(m, block_sizes(kernel), kernel, tensors)
+    tile_fixed = False      # a tile the file or the call chose is kept (a bad combination is E216)
     for source in (kernel.options, override or {}):
         if source:
             tile = tuple(source.get("tile", cfg.tile))
+            tile_fixed = tile_fixed or "tile" in source
             schedule = source.get("schedule") or (_schedule_for(tile, cfg.schedule) if "tile" in source else cfg.schedule)
+            if "schedule" in source and not tile_fixed:
+                tile = _tile_for(schedule, tile)
             epi = source.get("epi_tile", cfg.epi_tile)
             cfg = KernelConfig(schedule, tile, tuple(source.get("cluster", cfg.cluster)),
                                source.get("aux_load", cfg.aux_load), tuple(epi) if epi else None,

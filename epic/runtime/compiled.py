@@ -13,7 +13,9 @@ import threading
 import torch
 
 from .. import pipeline, reference
+from ..frontend import options
 from ..codegen import emit
+from ..diagnostics import error
 from ..ir.core import Tensor
 from ..plan import planner
 from . import binding, build, custom_op, loader
@@ -24,7 +26,9 @@ def compile(path_or_source: str, config: dict[str, dict] | None = None) -> "Comp
     """Parse, check and rewrite a program (a path to an .epi file, or its text). Kernels are built
     lazily on the first call for a given row count (or ahead with CompiledProgram.build).
     config: per-gemm overrides, e.g. {"o_proj": {"tile": (128, 128, 64), "schedule": "cooperative"}}."""
-    return CompiledProgram(pipeline.analyze(path_or_source), config)
+    analysis = pipeline.analyze(path_or_source)
+    gemms = {k.name: k.span for k in analysis.program.kernels if k.kind == "gemm"}
+    return CompiledProgram(analysis, options.check_config(config, gemms))
 
 
 def _current_stream(device: torch.device) -> int:
@@ -74,7 +78,7 @@ class CompiledProgram:
         return reference.run(self.analysis.source_program, tensors, exact=exact)
 
     # ------------------------------------------------------------------ running
-    def __call__(self, *, poison: bool = False, keep: bool = False, **args) -> dict[str, torch.Tensor]:
+    def __call__(self, *positional, poison: bool = False, keep: bool = False, **args) -> dict[str, torch.Tensor]:
         """Run the program; returns its outputs by name.
         poison=True fills every output and buffer with NaN (a sentinel for integers) before launching,
             so that elements the kernels fail to write show up;
@@ -82,6 +86,10 @@ class CompiledProgram:
         The first call with given shapes/dtypes/strides validates everything and binds a plan; later
         calls with the same signature re-check alignment and scalar values (pointers change, layouts
         do not)."""
+        if positional:
+            raise error("E601", f"a compiled program takes its tensors and scalars by name, got {len(positional)} "
+                        "positional argument(s)", None, "call it as prog(" + ", ".join(
+                            f"{t.name}=..." for t in self.inputs) + ")")
         key = signature(args)
         bound = self._bound.get(key)
         if bound is None:
