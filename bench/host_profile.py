@@ -2,11 +2,9 @@
 profile of the Python around it, for one program. `python bench/host_profile.py [--n 2000]`"""
 import argparse
 import cProfile
-import ctypes
 import os
 import pstats
 import sys
-import time
 
 import torch
 
@@ -14,18 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import epic  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import ROOT, WORK  # noqa: E402
-
-
-def per_call_us(fn, n):
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return t
+from bench import ROOT, WORK, host_us as per_call_us  # noqa: E402
 
 
 def main() -> int:

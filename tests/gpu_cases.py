@@ -31,6 +31,7 @@ PROGRAMS = {
     "tests/programs/out_types.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 16)),
     "tests/programs/every_primitive.epi": lambda m, n, k: dict(M=m, K=k, N=n),
     "tests/programs/quant_exposed.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 256)),
+    "tests/programs/more_stores.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 16)),
 }
 # (M, N, K): tile multiples, then ragged (M = 1, 77, 8191; N, K not multiples of 128). M <= 256 gets
 # the pingpong 64x64 configuration, larger M the cooperative 128x256 one.

@@ -106,3 +106,50 @@ def test_scheduler_options_are_launch_time_only():
     with pytest.raises(EpicError) as info:
         planner.make_plan(prog, dict(M=8192, K=64, N=64), {"g": {"swizzle": 3}})
     assert info.value.codes == ["E216"] and "swizzle must be 1, 2, 4 or 8" in str(info.value)
+
+
+# ------------------------------------------------------------------ a ragged ledger, row by row, by hand
+def test_residual_rmsnorm_ledger_by_hand_at_ragged_sizes():
+    """M = 77, D = 392 (not tile multiples): pingpong 64x64 tiles, partials [ceil(392/64), round_up(77, 64)]."""
+    a = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi"))
+    plan = planner.make_plan(a.program, dict(M=77, D=392))
+    m, d = 77, 392
+    tile, vec, w, gamma = m * d * BF, m * F32, d * d * BF, d * BF
+    part = 7 * 128 * F32
+    assert plan.buffers["o_proj__row_mean_part0"].shape == (7, 128)
+    fused = {r.kernel: (r.read_bytes, r.write_bytes) for r in ledger.fused_rows(plan)}
+    assert fused == {"o_proj": (tile + w + tile + gamma, 2 * tile + part), "o_proj__row_combine": (part, vec)}
+    unfused = [(r.read_bytes, r.write_bytes) for r in ledger.unfused_rows(a.source_program, plan.sizes)]
+    assert unfused == [
+        (tile + w, tile),            # the gemm writes its accumulator in bf16
+        (2 * tile, tile),            # h = acc + z, stored as resid
+        (tile + gamma, tile),        # hg = h * gamma
+        (tile, tile),                # h * h (h read once)
+        (tile, vec),                 # row_mean -> f32 [M]
+        (vec, vec),                  # + eps (a scalar is not counted)
+        (vec, vec),                  # rsqrt -> r
+    ]
+    text = ledger.render(plan, a.source_program)
+    total_fused = sum(fused["o_proj"]) + sum(fused["o_proj__row_combine"])
+    total_unfused = sum(x + y for x, y in unfused)
+    assert f"total fused      {total_fused:>16,} B  (544.0 KiB) in 2 kernels" in text
+    assert f"total op by op   {total_unfused:>16,} B  (891.9 KiB) in 7 kernels" in text
+    assert f"fused / op by op {total_fused / total_unfused:>16.3f}" in text
+    assert "  o_proj__row_mean_part0       partial float32[7, 128]" in text
+    assert "written by o_proj__row_combine; read by -" in text
+    assert "1. o_proj: gemm x @ wo  [pingpong 64x64x64 cluster 1x1]" in text
+    assert "writes resid, hg; per-tile partials (mean)" in text
+
+
+def test_ledger_names_a_definition_call_as_one_operation():
+    a, plan = prenorm_plan()
+    labels = [r.kernel.strip() for r in ledger.unfused_rows(a.source_program, plan.sizes)]
+    assert "rmsnorm(...)" in labels and "swiglu(...)" in labels
+    assert ledger._mib(512) == "512 B" and ledger._mib(2048) == "2.0 KiB" and ledger._mib(3 << 20) == "3.00 MiB"
+
+
+def test_configuration_text():
+    assert str(config.KernelConfig("pingpong", (64, 64, 64))) == "pingpong 64x64x64 cluster 1x1"
+    cfg = config.KernelConfig("cooperative", (128, 256, 64), (2, 1), "direct", (128, 64), 8, "n")
+    assert str(cfg) == "cooperative 128x256x64 cluster 2x1 aux_load=direct epilogue 128x64 swizzle 8 raster n"
+    assert cfg.key() == "coop_128x256x64_c2x1_direct_e128x64" and cfg.raster_code == 2

@@ -108,3 +108,72 @@ def test_torch_op_derives_half_width_shapes():
     sizes = sizes_mod.solve_integer(prog, {"x": (5, 64), "wgu": (64, 96)})
     assert sizes == {"M": 5, "D": 64, "F": 48}
     assert [sizes_mod.evaluate_integer(d, sizes) for d in prog.tensors["y"].dims] == [5, 48]
+
+
+# ------------------------------------------------------------------ every refusal points at the declaration
+# (the program's line of each input, read from its text here, not from epic) and says how to fix it
+SCALAR_FIRST = """gemm g(x: bf16[M, K] @ w: bf16[K, N]) {
+  in alpha: f32
+  in beta: f32 = 2.0
+  in z: bf16[M, N]
+  in s: f32[M]
+  out y: bf16 = acc * alpha + z * beta + s
+}
+"""
+
+
+def _line_of(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+@pytest.fixture(scope="module")
+def scalar_first():
+    return epic.compile(SCALAR_FIRST)
+
+
+def args_sf(m=4, k=16, n=8, **over):
+    base = dict(x=torch.randn(m, k, dtype=BF), w=torch.randn(n, k, dtype=BF).t(), alpha=0.5,
+                z=torch.randn(m, n, dtype=BF), s=torch.randn(m))
+    base.update(over)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+@pytest.mark.parametrize("case, code, decl, words, hint", [
+    ("missing z", "E601", "in z:", "missing tensor 'z' (bf16[M, N])", None),
+    ("missing alpha", "E601", "in alpha:", "missing scalar 'alpha'", "pass alpha="),
+    ("alpha a string", "E603", "in alpha:", "scalar 'alpha' must be a real number", None),
+    ("alpha two numbers", "E603", "in alpha:", "must be one real number", None),
+    ("alpha nan", "E603", "in alpha:", "must be finite", None),
+    ("z f32", "E603", "in z:", "'z' is torch.float32, the program declares bf16[M, N]", "z.to(torch.bfloat16)"),
+    ("z not a tensor", "E601", "in z:", "'z' must be a torch.Tensor", None),
+    ("s wrong length", "E602", "in s:", "'s' dimension 0 is 5, but M = 4", None),
+    ("z transposed", "E605", "in z:", "'z' has strides", "z.contiguous()"),
+    ("z unaligned", "E606", "in z:", "'z' does not start on a 16-byte boundary", "z.clone()"),
+    ("all good", "E604", "@ w:", "'x' is on cpu", "x.cuda()"),
+])
+def test_each_refusal_points_at_its_declaration(scalar_first, case, code, decl, words, hint):
+    over = {"missing z": dict(z=None), "missing alpha": dict(alpha=None), "alpha a string": dict(alpha="abc"),
+            "alpha two numbers": dict(alpha=torch.ones(2)), "alpha nan": dict(alpha=float("nan")),
+            "z f32": dict(z=torch.randn(4, 8)), "z not a tensor": dict(z=[[1.0]]),
+            "s wrong length": dict(s=torch.randn(5)), "z transposed": dict(z=torch.randn(8, 4, dtype=BF).t()),
+            "z unaligned": dict(z=torch.randn(4 * 8 + 1, dtype=BF)[1:].view(4, 8)), "all good": {}}[case]
+    e = refused(scalar_first, **args_sf(**over))
+    assert e.codes == [code], str(e)
+    d = e.diagnostics[0]
+    assert words in d.message, d.message
+    line = _line_of(SCALAR_FIRST, decl) if decl != "@ w:" else 1
+    assert d.span is not None and d.span.line == line, (d.span, line)
+    if hint:
+        assert d.hint and hint in d.hint, d.hint
+
+
+def test_a_defaulted_scalar_may_be_left_out_given_or_none(scalar_first):
+    for beta in (None, 3.0, torch.tensor(3.0)):
+        e = refused(scalar_first, **args_sf(beta=beta))
+        assert e.codes == ["E604"]          # every check before the device passed
+
+
+def test_unexpected_names_are_listed(scalar_first):
+    e = refused(scalar_first, **args_sf(gamma=torch.ones(3), delta=1.0))
+    assert e.codes == ["E601"] and "unexpected argument(s) gamma, delta" in str(e)
+    assert "alpha" in e.diagnostics[0].hint and "z" in e.diagnostics[0].hint

@@ -36,7 +36,7 @@
 namespace epic_nodes {
 
 template <int Block, class ElementScale, bool Pow2, int ScaleLayout, int Output>
-struct Sm90BlockScale {
+struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
   static_assert(Block >= 8 && Block <= 256 && (Block & (Block - 1)) == 0,
                 "epic_nodes::Sm90BlockScale: Block must be a power of two in [8, 256]");
   static_assert(ScaleLayout == 0 || ScaleLayout == 1, "epic_nodes::Sm90BlockScale: ScaleLayout is 0 or 1");
@@ -68,30 +68,11 @@ struct Sm90BlockScale {
     return ok;
   }
 
-  template <class ProblemShape>
-  static size_t
-  get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-
-  template <class ProblemShape>
-  static cutlass::Status
-  initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                       cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
 
   CUTLASS_HOST_DEVICE Sm90BlockScale() {}
   CUTLASS_HOST_DEVICE Sm90BlockScale(Params const& params, SharedStorage const&) : params(params) {}
 
   Params params;
-
-  template <class... Args>
-  CUTLASS_DEVICE auto
-  get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
-  }
 
   template <int TileM, class SegMap, class CoordTensor, class Residue, class LaneLayout>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {

@@ -13,7 +13,7 @@
 namespace epic_nodes {
 
 template <int Axis>
-struct Sm90Coordinate {
+struct Sm90Coordinate : detail::NoWorkspaceNoLoads {
   static_assert(Axis == 0 || Axis == 1, "epic_nodes::Sm90Coordinate: Axis must be 0 (row) or 1 (column)");
 
   struct SharedStorage {};
@@ -28,19 +28,6 @@ struct Sm90Coordinate {
   static bool
   can_implement(ProblemShape const&, Arguments const&) { return true; }
 
-  template <class ProblemShape>
-  static size_t
-  get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-
-  template <class ProblemShape>
-  static cutlass::Status
-  initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                       cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
 
   CUTLASS_HOST_DEVICE Sm90Coordinate() {}
   CUTLASS_HOST_DEVICE Sm90Coordinate(Params const& params, SharedStorage const&) : params(params) {}
@@ -48,12 +35,6 @@ struct Sm90Coordinate {
   // A data member keeps the node non-empty: cute::tuple hands out empty elements by value, and the
   // visitor's `[&] (auto& op)` lambdas need an lvalue.
   Params params;
-
-  template <class... Args>
-  CUTLASS_DEVICE auto
-  get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
-  }
 
   template <class CoordTensor>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {

@@ -124,5 +124,29 @@ pow2_ceil(float s) {
   return s;
 }
 
+// The host-side and producer-side members every epic node has alike: no workspace, nothing loaded
+// by the producer warp, no C. A node inherits them and defines its Arguments/Params and callbacks.
+struct NoWorkspaceNoLoads {
+  template <class ProblemShape, class Arguments>
+  static size_t
+  get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
+
+  template <class ProblemShape, class Arguments>
+  static cutlass::Status
+  initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                       cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+
+  template <class... Args>
+  CUTLASS_DEVICE auto
+  get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
+    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
+  }
+};
+
 } // namespace detail
 } // namespace epic_nodes

@@ -18,7 +18,7 @@
 
 namespace epic_nodes {
 
-struct Sm90PackedInt4Store {
+struct Sm90PackedInt4Store : detail::NoWorkspaceNoLoads {
   struct SharedStorage {};
 
   struct Arguments {
@@ -40,30 +40,11 @@ struct Sm90PackedInt4Store {
     return int(cute::get<1>(shape_mnkl)) % 2 == 0;
   }
 
-  template <class ProblemShape>
-  static size_t
-  get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-
-  template <class ProblemShape>
-  static cutlass::Status
-  initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                       cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
 
   CUTLASS_HOST_DEVICE Sm90PackedInt4Store() {}
   CUTLASS_HOST_DEVICE Sm90PackedInt4Store(Params const& params, SharedStorage const&) : params(params) {}
 
   Params params;
-
-  template <class... Args>
-  CUTLASS_DEVICE auto
-  get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
-  }
 
   template <class CoordTensor, class Residue>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {

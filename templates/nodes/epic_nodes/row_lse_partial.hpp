@@ -22,7 +22,7 @@
 namespace epic_nodes {
 
 template <class TileShape>
-struct Sm90RowLsePartial {
+struct Sm90RowLsePartial : detail::NoWorkspaceNoLoads {
   struct SharedStorage {};
 
   struct Arguments {
@@ -43,30 +43,11 @@ struct Sm90RowLsePartial {
     return (reinterpret_cast<uintptr_t>(args.ptr) % 8) == 0;  // float2 stores
   }
 
-  template <class ProblemShape>
-  static size_t
-  get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-
-  template <class ProblemShape>
-  static cutlass::Status
-  initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                       cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
 
   CUTLASS_HOST_DEVICE Sm90RowLsePartial() {}
   CUTLASS_HOST_DEVICE Sm90RowLsePartial(Params const& params, SharedStorage const&) : params(params) {}
 
   Params params;
-
-  template <class... Args>
-  CUTLASS_DEVICE auto
-  get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
-  }
 
   template <class RegTensor, class RowMap, class CoordTensor, class Residue, class LaneLayout>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
