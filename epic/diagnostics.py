@@ -36,6 +36,7 @@ CODES = {
     "E217": "the epilogue's shared memory leaves the mainloop fewer than 2 pipeline stages",
     "E301": "needs a whole row inside the same epilogue (tile locality)",
     "E302": "needs a whole column inside the same epilogue (tile locality)",
+    "E303": "needs a whole-tensor statistic inside the same gemm (tile locality)",
     "E401": "pairwise map on an odd width",
     "E402": "a width-changing map must feed a store",
     "E403": "contiguous dimension not a multiple of 16 bytes (TMA)",

@@ -128,7 +128,8 @@ class Interpreter:
 
     def reduce(self, v: Value, x: torch.Tensor) -> torch.Tensor:
         r = P.reduction(v.attrs["fn"])
-        return r.ref(x, 1 if v.attrs["axis"] == "row" else 0)
+        out = r.ref(x, 1 if v.attrs["axis"] == "row" else 0)
+        return out.reshape(()) if v.kind is Kind.SCALAR else out     # a whole-tensor reduction's last step
 
     def block_reduce(self, v: Value, x: torch.Tensor) -> torch.Tensor:
         r, block = P.reduction(v.attrs["fn"]), v.attrs["block"]
@@ -169,6 +170,8 @@ class Interpreter:
     def combine(self, v: Value) -> torch.Tensor:
         """Merge the partials of every tile (in tile order, deterministically)."""
         r = P.reduction(v.attrs["fn"])
+        if v.attrs["axis"] == "all":             # one value per row or column -> one number
+            return r.ref(self.store[v.attrs["buffer"]].reshape(1, -1), 1).reshape(())
         count = self.m if v.attrs["axis"] == "row" else int(self.n * v.attrs["of_width"])
         part = self.store[v.attrs["buffer"]][:, :count]
         out = r.ref_merge(part, 0)                   # [1, count]

@@ -132,7 +132,7 @@ def _width_changes(k: GemmKernel) -> list[Diagnostic]:
     for v in k.values:
         if P.family(v.op) in (P.Family.REDUCE, P.Family.BLOCK):
             x = v.args[0]
-            if x.shape.width != 1:
+            if x.shape.width != 1 and v.kind is not Kind.SCALAR:   # a whole-tensor step reads a vector
                 what = f"{v.attrs.get('axis', 'block')}_{v.attrs['fn']}"
                 out.append(Diagnostic(
                     "E402", f"{what} reduces a value of width {x.shape.width} x N (after a pairwise map that "

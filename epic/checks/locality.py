@@ -4,7 +4,9 @@ A reduction over a whole row (row_sum, row_mean, row_lse, ...) or column (col_*)
 any single tile. Its result may be stored (a combine kernel finishes it from per-tile partials),
 and vector math on it may follow (it runs in the combine kernel), but feeding it back into the
 tile inside the same epilogue is impossible. Run after the rewrite passes, which move legal
-cases (a row scale in front of a later GEMM) out of the way; what remains is an E301/E302.
+cases (a row scale in front of a later GEMM) out of the way; what remains is an E301/E302. A
+whole-tensor reduction (all_max(acc)) may be stored and scalar math on it may follow, but no tile or
+vector of the same gemm may use it: E303.
 """
 from __future__ import annotations
 
@@ -32,8 +34,29 @@ def reductions_feeding(k: GemmKernel) -> dict[int, Value]:
     return dep
 
 
+def whole_reductions_feeding(k: GemmKernel) -> dict[int, Value]:
+    """For each value of kernel k computed from a whole-tensor reduction (not the reduction itself),
+    the first such reduction."""
+    dep: dict[int, Value] = {}
+    for v in k.values:
+        for a in v.args:
+            if _is_reduce(a) and a.kind is Kind.SCALAR:
+                dep[v.id] = a
+                break
+            if a.id in dep:
+                dep[v.id] = dep[a.id]
+                break
+    return dep
+
+
 def describe_reduction(r: Value, k: GemmKernel) -> str:
     a = r.attrs
+    if r.kind is Kind.SCALAR:
+        doc = P.reduction(a["fn"]).doc
+        if _is_reduce(r.args[0]):
+            return f"all_{a['fn']} ({doc} over the whole [{k.rows}, {k.n}] result)"
+        x = r.args[0]
+        return f"{a['axis']}_{a['fn']} of a {x.shape.describe()} ({doc} over all its {x.shape.dims(k.rows, k.n)[0]} values)"
     axis_dim = k.n * r.args[0].shape.width if a["axis"] == "row" else k.rows
     what = f"{a['axis']}_{a['fn']}"
     return (f"{what} ({P.reduction(a['fn']).doc} over all {axis_dim} "
@@ -47,6 +70,10 @@ def check(program: Program) -> list[Diagnostic]:
             continue
         dep = reductions_feeding(k)
         users = k.users()
+        whole = _whole_misuse(k, users)
+        if whole:
+            out.append(whole)
+            continue
         for v in k.values:
             if v.id not in dep or _is_reduce(v) or v.kind not in (Kind.TILE, Kind.BLOCK):
                 continue
@@ -65,6 +92,22 @@ def check(program: Program) -> list[Diagnostic]:
             out.append(Diagnostic(code, msg, v.span, hint, notes))
             break   # one locality error per kernel: later ones are usually the same cause
     return out
+
+
+def _whole_misuse(k: GemmKernel, users: dict) -> Diagnostic | None:
+    """A tile or vector computed from a whole-tensor reduction: every row would need every other row."""
+    whole = whole_reductions_feeding(k)
+    for v in k.values:
+        if v.id not in whole or v.kind is Kind.SCALAR or _is_reduce(v):
+            continue
+        r = whole[v.id]
+        name = _nearest_name(v, users, k)
+        notes = [(r.span, "the whole-tensor reduction is here")] if r.span else []
+        return Diagnostic("E303", f"'{name}' needs {describe_reduction(r, k)} inside the same gemm; it is known only "
+                          "after every tile and every row or column is combined", v.span,
+                          "store the statistic (out a: f32 = all_...(...)) or keep it (tmp a: f32 = ...) and use "
+                          "it in a later gemm, which reads it as a scalar", notes)
+    return None
 
 
 def _nearest_name(v: Value, users: dict, k: GemmKernel) -> str:

@@ -39,7 +39,7 @@ def lower_combine(program: Program, k: CombineKernel) -> CombineSpec:
     writer = fn.ExprWriter(pairwise=False, flavor="cuda")
     merge: list[str] = []
     body: list[str] = []
-    idx = "m" if k.axis == "row" else "n"
+    idx = {"row": "m", "col": "n", "all": "0"}[k.axis]
 
     def ptr(role, tensor, dt) -> str:
         pointers.append(Pointer(role, tensor, dt))
@@ -51,7 +51,12 @@ def lower_combine(program: Program, k: CombineKernel) -> CombineSpec:
 
     for v in k.values:
         p = P.prim(v.op)
-        if p.family is P.Family.COMBINE:
+        if p.family is P.Family.COMBINE and k.axis == "all":
+            i = len(merge)
+            lanes = ptr("lanes", v.attrs["buffer"], dtypes.F32)
+            merge += _merge_lanes(P.reduction(v.attrs["fn"]), i, lanes, scalar(str(v.attrs["width"]), v.attrs["width"]))
+            writer.bind(v, (f"red_{i}",))
+        elif p.family is P.Family.COMBINE:
             r = P.reduction(v.attrs["fn"])
             buf = ptr(f"{k.axis}_partial", v.attrs["buffer"], dtypes.F32)
             i = len(merge)
@@ -75,7 +80,9 @@ def lower_combine(program: Program, k: CombineKernel) -> CombineSpec:
             writer.bind(v, (f"red_{i}",))
         elif p.reads == "tensor":
             t = program.tensors[v.attrs["tensor"]]
-            if v.kind is Kind.SCALAR:
+            if v.kind is Kind.SCALAR and t.producer:     # a whole-tensor statistic an earlier kernel stored
+                writer.bind(v, (f"(*static_cast<const float*>({ptr('scalar', t.name, t.dtype)}))",))
+            elif v.kind is Kind.SCALAR:
                 writer.bind(v, (scalar(t.name),))
             elif (v.kind is Kind.COL and k.axis == "row") or (v.kind is Kind.ROW and k.axis == "col"):
                 if t.dtype.cuda is None:
@@ -103,3 +110,38 @@ def lower_combine(program: Program, k: CombineKernel) -> CombineSpec:
         conv = f"static_cast<{t.dtype.cuda}>({value})" if t.dtype.is_int else f"{t.dtype.cuda}({value})"
         body.append(f"static_cast<{t.dtype.cuda}*>({out})[{idx}] = {conv};")
     return CombineSpec(k.name, identifier(k.name), k.axis, pointers, scalars, merge, body)
+
+
+def _merge_lanes(r: P.Reduction, i: int, lanes: str, count: str) -> list[str]:
+    """C++ that merges `count` values (one per row or column) into one number in a fixed order, in
+    one warp: lane l keeps kLanesInFlight states, state u taking values l + 32 u, l + 32 u + 32 *
+    kLanesInFlight, ... (independent loads in flight); each lane merges its states in order, then an
+    XOR butterfly merges the lanes. No shared memory: the result is lane 0's red_{i}."""
+    accs = [f"acc_{i}_{c}" for c in range(r.state)]
+    xs = [f"x{c}" for c in range(r.state)]
+
+    def step(at: str) -> str:
+        return r.cxx_merge.format(**{f"a{c}": a + at for c, a in enumerate(accs)},
+                                  **{f"x{c}": x for c, x in enumerate(xs)})
+    single = " ".join(f"float {x} = {e.format(x='v')};" for x, e in zip(xs, r.single))
+    shuffles = " ".join(f"float {x} = __shfl_xor_sync(0xffffffffu, {a}[0], o);" for x, a in zip(xs, accs))
+    result = r.cxx_finalize.format(**{f"a{c}": a + "[0]" for c, a in enumerate(accs)})
+    if r.by_width:
+        result = f"({result} / float(count_{i}))"
+    return [f"float {a}[kLanesInFlight];" for a in accs] + [
+        "#pragma unroll",
+        "for (int u = 0; u < kLanesInFlight; ++u) { "
+        + " ".join(f"{a}[u] = {literal(init)};" for a, init in zip(accs, r.identity)) + " }",
+        f"const float* lanes_{i} = static_cast<const float*>({lanes});",
+        f"const long long count_{i} = (long long)({count});",
+        f"for (long long t0 = lane; t0 < count_{i}; t0 += 32 * kLanesInFlight) {{",
+        "#pragma unroll",
+        f"  for (int u = 0; u < kLanesInFlight; ++u) {{ const long long t = t0 + 32 * u; "
+        f"if (t < count_{i}) {{ float v = lanes_{i}[t]; {single} {step('[u]')} }} }}",
+        "}",
+        "#pragma unroll",
+        f"for (int u = 1; u < kLanesInFlight; ++u) {{ "
+        + " ".join(f"float {x} = {a}[u];" for x, a in zip(xs, accs)) + f" {step('[0]')} }}",
+        f"for (int o = 16; o > 0; o >>= 1) {{ {shuffles} {step('[0]')} }}",
+        f"float red_{i} = {result};",
+    ]

@@ -141,6 +141,13 @@ class ExprLowering:
                 raise error("E212", f"the {name} size must be positive", a.span, f"e.g. {f}(x, 128)")
             attrs[name] = value
         p = c.primitive
+        if c.inner is not None:
+            if args[0].kind is not Kind.TILE:
+                other = {Kind.COL: "col", Kind.ROW: "row"}.get(args[0].kind)
+                raise error("E206", f"{f} reduces a whole tile, but its operand is a {args[0].shape.describe()}",
+                            span, f"{other}_{attrs['fn']}(x) reduces a vector to one number" if other else
+                            "a scalar is already one number")
+            args = (self.make(p.name, args, c.inner, span),)
         if p.family is P.Family.PAIR and p.pair_part is not None and args[0].kind in (Kind.COL, Kind.SCALAR):
             return args[0]   # constant along the row: both columns of every pair hold the same value
         return self.make(p.name, args, attrs, span)

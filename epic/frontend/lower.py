@@ -14,7 +14,7 @@ from .. import dtypes
 from ..diagnostics import Span, error
 from ..ir import primitives as P
 from ..ir.core import GemmKernel, Program, Store, Tensor, Value, make, topo_order
-from ..ir.typing import TypeRuleError, check_storable
+from ..ir.typing import TypeRuleError, check_storable, depends_on_whole_reduce
 from ..shapes import COL, SCALAR, Dim, Kind, Shape
 from . import ast, options, sources
 from .exprs import ExprLowering, suggest
@@ -284,7 +284,7 @@ class _KernelBuilder:
         dt = self.low.dtype(s.type)
         v = self.exprs.expr(s.expr, self.env)
         try:
-            check_storable(dt, v.shape)
+            check_storable(dt, v.shape, v.kind is Kind.SCALAR and depends_on_whole_reduce(v))
         except TypeRuleError as e:
             raise error(e.code, f"'{s.name}': {e.message}", s.span, e.hint or "store it as bf16, f16 or f32") from None
         if v.dtype is dtypes.BOOL:

@@ -32,7 +32,8 @@ def rows() -> list[tuple[str, str, str, str]]:
             if p.family in families and spelling:
                 out.append((group, spelling, p.doc, str(p.cost)))
     for r in P.REDUCTIONS.values():
-        names = [f"{axis}_{r.name}(x)" for axis in r.axes] + ([f"block_{r.name}(x, B)"] if r.block else [])
+        names = [f"{axis}_{r.name}(x)" for axis in r.axes] + [f"all_{r.name}(x)"] + \
+            ([f"block_{r.name}(x, B)"] if r.block else [])
         state = "state (max, sum-exp)" if r.state == 2 else f"identity {r.identity[0]}"
         out.append(("reductions", ", ".join(names), f"{r.doc}; {state}", "-"))
     return out

@@ -98,6 +98,7 @@ class Reduction:
     by_width: bool = False              # mean: the merged sum is divided by the reduced width
     axes: tuple[str, ...] = ("row", "col")
     block: bool = True                  # block_NAME(x, B) exists
+    single: tuple[str, ...] = ("{x}",)  # C++ of one element's state (a whole-tensor combine merges elements)
     doc: str = ""
 
     @property
@@ -181,12 +182,23 @@ def _pair_rule(name: str, part: int | None):
 
 def _reduce_rule(args, attrs):
     (x,) = args
-    what = f"{attrs['axis']}_{attrs['fn']}"
+    axis = attrs["axis"]
+    what = f"{axis}_{attrs['fn']}"
     _numeric(x, what)
+    if is_whole_tensor_reduce(x.kind, axis):
+        return F32, SCALAR    # the last step of a whole-tensor reduction: col_f(row_f(x)) = all_f(x)
     if x.kind is not Kind.TILE:
-        raise TypeRuleError("E206", f"{what} reduces a tile, but its operand is a {x.shape.describe()}",
-                            "a row vector already has one value per column and a column vector one per row")
-    return F32, (COL if attrs["axis"] == "row" else Shape(Kind.ROW, x.shape.width))
+        other = "col" if axis == "row" else "row"
+        hint = (f"{other}_{attrs['fn']} reduces it to one number (all_{attrs['fn']}(x) reduces a whole tile at once)"
+                if x.kind in (Kind.COL, Kind.ROW) else
+                "a scalar is already one number" if x.kind is Kind.SCALAR else "reduce the tile before the blocks")
+        raise TypeRuleError("E206", f"{what} reduces a tile, but its operand is a {x.shape.describe()}", hint)
+    return F32, (COL if axis == "row" else Shape(Kind.ROW, x.shape.width))
+
+
+def is_whole_tensor_reduce(operand_kind: Kind, axis: str) -> bool:
+    """col_f of a column vector (one value per row) or row_f of a row vector: one number for the tensor."""
+    return (operand_kind, axis) in ((Kind.COL, "col"), (Kind.ROW, "row"))
 
 
 def _block_rule(args, attrs):
@@ -209,6 +221,8 @@ def _partial_rule(args, attrs):
 
 
 def _combine_rule(args, attrs):
+    if attrs["axis"] == "all":
+        return F32, SCALAR
     return F32, (COL if attrs["axis"] == "row" else Shape(Kind.ROW, attrs["of_width"]))
 
 
@@ -428,7 +442,7 @@ REDUCTIONS: dict[str, Reduction] = {r.name: r for r in (
               cxx_merge=("{{ float m_ = fmaxf({a0}, {x0}); "
                          "{a1} = ({a0} == -INFINITY ? 0.f : {a1} * __expf({a0} - m_)) "
                          "+ ({x0} == -INFINITY ? 0.f : {x1} * __expf({x0} - m_)); {a0} = m_; }}"),
-              cxx_finalize="({a0} + logf({a1}))",
+              cxx_finalize="({a0} + logf({a1}))", single=("{x}", "1.f"),
               doc="log-sum-exp, merged online from (max, sum of exp(x - max)) pairs"),
 )}
 
@@ -462,6 +476,7 @@ class Call:
     primitive: Primitive
     attrs: dict
     literal_args: tuple[str, ...] = ()
+    inner: dict | None = None           # applied first, with these attributes (all_f(x) = col_f(row_f(x)))
 
     @property
     def arity(self) -> int:
@@ -479,6 +494,8 @@ def _calls() -> dict[str, Call]:
     for r in REDUCTIONS.values():
         for axis in r.axes:
             out[f"{axis}_{r.name}"] = Call(PRIMITIVES["reduce"], {"axis": axis, "fn": r.name})
+        out[f"all_{r.name}"] = Call(PRIMITIVES["reduce"], {"axis": "col", "fn": r.name},
+                                    inner={"axis": "row", "fn": r.name})
         if r.block:
             out[f"block_{r.name}"] = Call(PRIMITIVES["block_reduce"], {"fn": r.name}, ("block",))
     return out

@@ -5,9 +5,9 @@ from __future__ import annotations
 from .. import dtypes
 from ..dtypes import DType
 from ..shapes import Kind, Shape
-from .primitives import PRIMITIVES, TypeRuleError
+from .primitives import PRIMITIVES, Family, TypeRuleError
 
-__all__ = ["TypeRuleError", "infer", "check_storable"]
+__all__ = ["TypeRuleError", "infer", "check_storable", "depends_on_whole_reduce"]
 
 
 def infer(op: str, args: tuple, attrs: dict) -> tuple[DType, Shape]:
@@ -19,11 +19,30 @@ def infer(op: str, args: tuple, attrs: dict) -> tuple[DType, Shape]:
     return p.rule(tuple(args), attrs)
 
 
-def check_storable(dtype: DType, shape: Shape) -> None:
+def check_storable(dtype: DType, shape: Shape, whole_tensor: bool = False) -> None:
+    """whole_tensor: the value depends on a whole-tensor reduction (all_max(acc), ...), so a scalar
+    of it is something the kernels compute; any other scalar is known before the launch."""
     if dtype not in dtypes.STORABLE:
         raise TypeRuleError("E205", f"cannot store a {dtype} value", "cast it to a number type first")
-    if shape.kind is Kind.SCALAR:
-        raise TypeRuleError("E206", "cannot store a scalar: outputs are tiles, row or column vectors, or block values",
-                            "store a column vector of it, e.g. multiply by a row statistic, or compute it on the host")
+    if shape.kind is Kind.SCALAR and not whole_tensor:
+        raise TypeRuleError("E206", "cannot store a scalar that does not depend on the gemm: it is known before "
+                            "the launch", "compute it on the host; a stored scalar comes from a whole-tensor "
+                            "reduction, e.g. out a: f32 = all_amax(acc)")
+    if shape.kind is Kind.SCALAR and dtype is not dtypes.F32:
+        raise TypeRuleError("E205", f"a whole-tensor statistic is stored as f32, not {dtype}", "declare it f32")
     if dtype is dtypes.I4 and shape.kind is not Kind.TILE:
         raise TypeRuleError("E205", "int4 values are stored packed two per row-adjacent pair: only tiles can be i4")
+
+
+def depends_on_whole_reduce(v) -> bool:
+    """Whether v is, or is computed from, a whole-tensor reduction (col_f of a column vector, ...)."""
+    stack, seen = [v], set()
+    while stack:
+        x = stack.pop()
+        if x.id in seen:
+            continue
+        seen.add(x.id)
+        if PRIMITIVES[x.op].family is Family.REDUCE and x.kind is Kind.SCALAR:
+            return True
+        stack.extend(x.args)
+    return False

@@ -9,12 +9,17 @@ computes the vector math that follows the reductions and performs the stores tha
 Vector stores that need no reduction (a scaled column vector) move there too: a gemm epilogue
 stores tiles only. Buffers and kernels made here are named NAME__..., a namespace user names
 cannot enter.
+
+A whole-tensor reduction (all_f(x) = col_f(row_f(x)): the last step reduces a vector) takes one more
+kernel: the combine kernel that owns the vector stores it, pre-mapped (amax: abs), into a buffer of
+one value per row (or column); an "all" combine kernel (one block) merges those in a fixed order and
+computes and stores the scalar math that follows.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..checks.locality import reductions_feeding
+from ..checks.locality import reductions_feeding, whole_reductions_feeding
 from ..dtypes import F32
 from ..ir import primitives as P
 from ..ir.core import CombineKernel, Store, Tensor, Value, topo_order
@@ -28,8 +33,9 @@ def run(program, trace=None):
         if k.kind != "gemm":
             kernels.append(k)
             continue
-        dep = reductions_feeding(k)
-        if any(v.kind in (Kind.TILE, Kind.BLOCK) for v in k.values if v.id in dep and not _is_reduce(v)):
+        dep, whole = reductions_feeding(k), whole_reductions_feeding(k)
+        if any(v.kind in (Kind.TILE, Kind.BLOCK) for v in k.values if v.id in dep and not _is_reduce(v)) or \
+                any(v.kind is not Kind.SCALAR for v in k.values if v.id in whole):
             kernels.append(k)   # a locality error the checker will report
             continue
         if not dep and not any(s.value.kind in (Kind.COL, Kind.ROW) for s in k.stores):
@@ -43,12 +49,23 @@ def _is_reduce(v: Value) -> bool:
     return P.family(v.op) is P.Family.REDUCE
 
 
+def _is_tile_reduce(v: Value) -> bool:
+    return _is_reduce(v) and v.kind is not Kind.SCALAR
+
+
+def _is_whole_reduce(v: Value) -> bool:
+    return _is_reduce(v) and v.kind is Kind.SCALAR
+
+
 def combine_name(gemm: str, axis: str) -> str:
     return f"{gemm}__{axis}_combine"
 
 
 def _store_axis(s: Store, dep: dict) -> str | None:
-    """Which combine kernel a store belongs to: vectors go to the one over rows (COL) or columns (ROW)."""
+    """Which combine kernel a store belongs to: vectors go to the one over rows (COL) or columns (ROW),
+    whole-tensor statistics to the one over everything."""
+    if s.value.kind is Kind.SCALAR:
+        return "all"
     if s.value.id in dep:
         return dep[s.value.id].attrs["axis"]
     return {Kind.COL: "row", Kind.ROW: "col"}.get(s.value.kind)
@@ -58,9 +75,14 @@ def _split(k, dep: dict, tensors: dict) -> list:
     local_stores = [s for s in k.stores if _store_axis(s, dep) is None]
     partial_stores: list[Store] = []
     combines = []
+    wholes = [v for v in k.values if _is_whole_reduce(v)]
+    all_mapped: dict[int, Value] = {}
     for axis in ("row", "col"):
-        reduces = [v for v in k.values if _is_reduce(v) and v.attrs["axis"] == axis]
+        reduces = [v for v in k.values if _is_tile_reduce(v) and v.attrs["axis"] == axis]
         stores = [s for s in k.stores if _store_axis(s, dep) == axis]
+        vector = Kind.COL if axis == "row" else Kind.ROW
+        for i, w in enumerate(v for v in wholes if v.args[0].kind is vector):
+            stores.append(_lanes_store(k, w, i, axis, tensors, all_mapped))
         if not reduces and not stores:
             continue
         mapped: dict[int, Value] = {}
@@ -83,9 +105,33 @@ def _split(k, dep: dict, tensors: dict) -> list:
             tensors[s.tensor] = replace(tensors[s.tensor], producer=name)
         combines.append(CombineKernel(name, k.name, axis, k.rows, k.n,
                                       topo_order([s.value for s in new_stores]), new_stores, span=k.span))
+    whole_stores = [s for s in k.stores if _store_axis(s, dep) == "all"]
+    if whole_stores:
+        for s in whole_stores:
+            _copy_into(s.value, all_mapped)
+        name = combine_name(k.name, "all")
+        for s in whole_stores:
+            tensors[s.tensor] = replace(tensors[s.tensor], producer=name)
+        new_stores = [Store(s.tensor, all_mapped[s.value.id], s.span) for s in whole_stores]
+        combines.append(CombineKernel(name, k.name, "all", k.rows, k.n,
+                                      topo_order([s.value for s in new_stores]), new_stores, span=k.span))
     stores = local_stores + partial_stores
     gemm = k.with_values(topo_order([s.value for s in stores]), stores)
     return [gemm] + [c for c in combines if c.stores]
+
+
+def _lanes_store(k, w: Value, i: int, axis: str, tensors: dict, all_mapped: dict) -> Store:
+    """The vector a whole-tensor reduction w reduces, stored (pre-mapped) by the combine kernel over
+    `axis` into a buffer of one value per row/column; w itself becomes the "all" kernel's combine."""
+    r = P.reduction(w.attrs["fn"])
+    x = w.args[0]
+    buf = f"{k.name}__{w.name or 'all_' + r.name}_lanes{i}"
+    count = k.rows if axis == "row" else k.n * x.shape.width
+    tensors[buf] = Tensor(buf, F32, (count,), "buffer", w.span, producer=combine_name(k.name, axis))
+    lanes = make(r.pre, (x,), {}, like=w) if r.pre else x
+    all_mapped[w.id] = make("combine", (), {"axis": "all", "fn": r.name, "buffer": buf, "width": count,
+                                           "of_width": x.shape.width}, like=w, name=w.name)
+    return Store(buf, lanes, w.span)
 
 
 def _copy_into(root: Value, mapped: dict) -> Value:

@@ -142,6 +142,12 @@ def _mib(b: int) -> str:
     return f"{b} B"
 
 
+def _combine_desc(k) -> str:
+    if k.axis == "all":
+        return f"combine of {k.source}'s per-row/column statistics into whole-tensor ones"
+    return f"combine of {k.source}'s per-tile partials ({k.axis}s)"
+
+
 def render(plan: Plan, source: Program) -> str:
     sizes = ", ".join(f"{k}={v}" for k, v in plan.sizes.items())
     out = [f"plan for {plan.program.name} at {sizes}", ""]
@@ -149,7 +155,7 @@ def render(plan: Plan, source: Program) -> str:
     for i, step in enumerate(plan.steps, 1):
         k = step.kernel
         cfg = f"  [{step.config}]" if step.config else ""
-        desc = f"gemm {k.a} @ {k.b}" if k.kind == "gemm" else f"combine of {k.source}'s per-tile partials ({k.axis}s)"
+        desc = f"gemm {k.a} @ {k.b}" if k.kind == "gemm" else _combine_desc(k)
         out.append(f"  {i}. {k.name}: {desc}{cfg}")
         if k.kind == "gemm":
             partial = [s for s in k.stores if s.value.kind is Kind.PARTIAL]

@@ -13,7 +13,6 @@ from ..checks import layout
 from ..diagnostics import EpicError
 from ..ir import primitives as P
 from ..ir.core import Program, Tensor
-from ..shapes import Kind
 from . import config as config_mod
 
 
@@ -92,7 +91,8 @@ def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict
     steps = []
     for k in program.kernels:
         reads = [k.a, k.b] if k.kind == "gemm" else []
-        reads += [v.attrs[P.prim(v.op).reads] for v in k.values if P.prim(v.op).reads and v.kind is not Kind.SCALAR]
+        reads += [v.attrs[P.prim(v.op).reads] for v in k.values      # runtime scalars are passed by value
+                  if P.prim(v.op).reads and program.tensors[v.attrs[P.prim(v.op).reads]].role != "scalar"]
         reads = list(dict.fromkeys(reads))
         writes = [s.tensor for s in k.stores]
         for r in reads:

@@ -87,5 +87,5 @@ def allocate(buffer: planner.Buffer, device, poison: bool) -> torch.Tensor:
     if dtype.is_floating_point and dtype.itemsize >= 2:
         return torch.full(buffer.shape, float("nan"), dtype=dtype, device=device)
     out = torch.empty(buffer.shape, dtype=dtype, device=device)
-    out.view(torch.uint8).fill_(0x7F if not dtype.is_floating_point else 0xFF)   # fp8: a NaN pattern
+    out.reshape(-1).view(torch.uint8).fill_(0x7F if not dtype.is_floating_point else 0xFF)   # fp8: a NaN pattern
     return out

@@ -75,8 +75,9 @@ def combine_problems(src: CombineSource, program=None) -> list[str]:
     element types and tensor kinds are checked too."""
     entries = _entries(src.info)
     problems = [f"pointer variable {v} holds P.p[{i}]" for v, i in src.pointer_vars.items() if v != f"p{i}"]
-    var = "m" if src.axis == "row" else "n"
-    expect = {"partial": f"{src.axis}_partial", "vector": "col" if src.axis == "row" else "row", "store": "out"}
+    var = {"row": "m", "col": "n", "all": "0"}[src.axis]
+    expect = {"partial": "lanes" if src.axis == "all" else f"{src.axis}_partial",
+              "vector": "col" if src.axis == "row" else "row", "store": "out", "scalar": "scalar"}
     count: dict[int, int] = {}
     for use in src.uses:
         count[use.index] = count.get(use.index, 0) + 1
@@ -91,8 +92,11 @@ def combine_problems(src: CombineSource, program=None) -> list[str]:
             t = program.tensors[tensor]
             if use.use != "partial" and t.dtype.cuda != use.element:
                 problems.append(f"{role}:{tensor} is accessed as {use.element}, but it is {t.dtype} ({t.dtype.cuda})")
-            if use.use == "partial" and t.role != "partial":
+            made = "buffer" if src.axis == "all" else "partial"
+            if use.use == "partial" and t.role != made:
                 problems.append(f"partials are read from '{tensor}', a {t.role} tensor")
+            if use.use == "scalar" and not (t.producer and not t.dims):
+                problems.append(f"'{tensor}' is read as a device scalar, but it is not a stored statistic")
     for i, (role, tensor) in enumerate(entries):
         if count.get(i, 0) != 1:
             problems.append(f"p{i} ({role}:{tensor}) is used {count.get(i, 0)} times, not once")

@@ -58,7 +58,7 @@ def mismatch(name: str, got: torch.Tensor, want: torch.Tensor, dtype: str, quant
 def unwritten(name: str, first: torch.Tensor, second: torch.Tensor) -> str | None:
     """Elements that differ between two runs whose buffers started with different bytes: the kernels
     did not write them (or computed them from memory nobody wrote)."""
-    a, b = first.contiguous().view(torch.uint8), second.contiguous().view(torch.uint8)
+    a, b = first.contiguous().reshape(-1).view(torch.uint8), second.contiguous().reshape(-1).view(torch.uint8)
     item = first.element_size()
     differ = (a != b).reshape(-1, item).any(dim=1)
     if not differ.any():

@@ -140,7 +140,7 @@ def run(case: Case, inputs: dict, fill: int | None = None) -> dict[str, torch.Te
     for b in bound.allocations:
         buffers[b.name] = binding.allocate(b, "cpu", poison=True)
         if fill is not None:
-            buffers[b.name].view(torch.uint8).fill_(fill)
+            buffers[b.name].reshape(-1).view(torch.uint8).fill_(fill)
     for launch in bound.launches:
         ptrs = [buffers[n].data_ptr() if n else 0 for n in launch.pointer_tensors]
         values = launch.c_scalars

@@ -95,7 +95,7 @@ EMULATIONS: dict[str, Emulation] = {
     "Sm90AuxLoad": Emulation(_aux_load, {0: "aux_load"}),
     "Sm90RowBroadcast": Emulation(_broadcast("RowBroadcast"), {0: "row"}),
     "Sm90ColBroadcast": Emulation(_broadcast("ColBroadcast"), {0: "col"}),
-    "Sm90ScalarBroadcast": Emulation(_scalar),
+    "Sm90ScalarBroadcast": Emulation(_scalar, {1: "scalar"}),      # a pointer: a stored statistic
     "Sm90Compute": Emulation(_compute),
     "Sm90AuxStore": Emulation(_aux_store, {0: "aux_store"}),
     "Sm90ColReduction": Emulation(_reduction("ColReduction"), {0: "row_partial"}),   # one partial per row

@@ -253,7 +253,8 @@ def parse_gemm(text: str) -> GemmSource:
 @dataclass
 class PointerUse:
     index: int          # launch pointer index
-    use: str            # "partial" (merged per-tile partials), "vector" (read per row/column), "store"
+    use: str            # "partial" (merged per-tile partials or, whole-tensor, per-row values), "vector"
+                        # (read per row/column), "store", "scalar" (a whole-tensor statistic)
     element: str        # C++ element type it is cast to
     at: str             # the index expression ("m"/"n"; partial: the row/column variable of the entry)
 
@@ -262,7 +263,7 @@ class PointerUse:
 class CombineSource:
     text: str
     info: dict
-    axis: str           # "row": one thread per row (index m), "col": per column (index n)
+    axis: str           # "row": one warp per row (index m), "col": per column (index n), "all": one warp
     pointer_vars: dict[str, int]   # pN -> P.p[index]
     uses: list[PointerUse]
 
@@ -272,7 +273,13 @@ def parse_combine(text: str) -> CombineSource:
     if info.get("kind") != "combine":
         raise SourceFormatError(f"not a combine source (epic_info kind {info.get('kind')!r})")
     body = strip_comments(braced_after(text, r"__global__ void \w+\([^)]*\)\s*\{", "the combine kernel"))
-    var = one(r"const int (m|n) = [^;]*blockIdx\.x[^;]*;", body, "the thread's (or warp's) row/column").group(1)
+    found = re.search(r"const int (m|n) = [^;]*blockIdx\.x[^;]*;", body)
+    if found:
+        var = found.group(1)
+    elif re.search(r"<<<\s*1\s*,\s*32\s*,", text):      # the whole-tensor combine: one warp, no row/column
+        var = "0"
+    else:
+        raise SourceFormatError("the thread's (or warp's) row/column not found, and the launch is not one warp")
     pointer_vars = {v: int(i) for v, i in re.findall(r"void\* (p\d+) = P\.p\[(\d+)\];", body)}
 
     def index(v: str) -> int:
@@ -287,7 +294,9 @@ def parse_combine(text: str) -> CombineSource:
         uses.append(PointerUse(index(v), "vector", el, at))
     for el, v, at in re.findall(r"static_cast<([\w:]+)\*>\((p\d+)\)\[(\w+)\]\s*=", body):
         uses.append(PointerUse(index(v), "store", el, at))
-    return CombineSource(text, info, "row" if var == "m" else "col", pointer_vars, uses)
+    for v in re.findall(r"\(\*static_cast<const float\*>\((p\d+)\)\)", body):
+        uses.append(PointerUse(index(v), "scalar", "float", var))
+    return CombineSource(text, info, {"m": "row", "n": "col", "0": "all"}[var], pointer_vars, uses)
 
 
 def kind(text: str) -> str:

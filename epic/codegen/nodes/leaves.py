@@ -31,6 +31,11 @@ class ScalarBroadcast(NodeImpl):
 
     @classmethod
     def emit(cls, b, v) -> int:
+        t = b.program.tensors.get(v.attrs.get("tensor"))
+        if t is not None and t.producer:    # a whole-tensor statistic an earlier kernel stored: read on the device
+            p, i = b.pointer("scalar", t.name, t.dtype)
+            return b.add(cls, "Sm90ScalarBroadcast<float>", f"{{{{0.f}}, {{static_cast<float const*>({p})}}, {{}}}}",
+                         [], f"scalar {t.name} (device)", i)
         name = v.attrs.get("tensor") or str(v.attrs["dim"])
         s = b.scalar(name, v.attrs.get("dim"))
         return b.add(cls, "Sm90ScalarBroadcast<float>", f"{{{{{s}}}, {{nullptr}}, {{}}}}", [], f"scalar {name}")
