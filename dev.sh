@@ -4,6 +4,9 @@
 #                    then the main job: compile samples/residual_rmsnorm.epi to CUDA in out/ and
 #                    build it with nvcc into the kernel cache (no GPU needed)
 #   ./dev.sh test    run the test suite (GPU tests skip themselves without CUDA)
+#   ./dev.sh mutation  the mutation score (slow: about 2 hours on 2 cores; not part of CI), in a
+#                    copy of HEAD under ${EPIC_MUTATION_DIR:-/tmp/epic-mutation}; configuration in
+#                    pyproject.toml [tool.mutmut]; results in tests/mutation/README.md
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${EPIC_VENV:-.venv}
@@ -27,8 +30,17 @@ case "${1:-}" in
     # run from tests' parent with the installed package (not the source tree) on the path
     "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
     ;;
+  mutation)
+    shift
+    "$VENV/bin/python" -m pip install -q ".[mutation]"
+    DIR=${EPIC_MUTATION_DIR:-/tmp/epic-mutation}
+    rm -rf "$DIR" && mkdir -p "$DIR"
+    git archive HEAD | tar -x -C "$DIR"
+    (cd "$DIR" && "$OLDPWD/$VENV/bin/mutmut" run --max-children "$(nproc)" "$@" >/dev/null 2>&1 || true
+     "$OLDPWD/$VENV/bin/mutmut" results --all true | tests/mutation/score.py)
+    ;;
   *)
-    echo "usage: ./dev.sh setup | ./dev.sh test [pytest args]" >&2
+    echo "usage: ./dev.sh setup | ./dev.sh test [pytest args] | ./dev.sh mutation" >&2
     exit 2
     ;;
 esac
