@@ -105,6 +105,8 @@ class Interpreter:
         x = self.store[v.attrs["tensor"]]
         if v.kind is Kind.COL:
             return x.reshape(self.m, 1)
+        if v.kind is Kind.ROW and "period" in v.attrs:     # a per-head vector: one copy per head
+            return x.reshape(1, -1).repeat(1, self.n // x.numel())
         if v.kind is Kind.ROW:
             return x.reshape(1, -1)
         return x

@@ -34,6 +34,9 @@ PROGRAMS = {
     "tests/programs/more_stores.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 16)),
     "tests/programs/whole_tensor.epi": lambda m, n, k: dict(M=m, K=k, N=n, P=_up(k, 8)),
     "samples/fp8_delayed_scaling.epi": lambda m, n, k: dict(M=m, K=_up(k, 16), N=_up(n, 16)),
+    "samples/q_proj_per_head.epi": lambda m, n, k: dict(M=m, D=k, H=4, Dh=_up(n // 4, 2)),
+    "tests/programs/per_head.epi": lambda m, n, k: dict(M=m, D=k, H=4, Dh=_up(n // 4, 2)),
+    "tests/programs/fp8_mixed.epi": lambda m, n, k: dict(M=m, K=_up(k, 16), N=_up(n, 16)),
 }
 # (M, N, K): tile multiples, then ragged (M = 1, 77, 8191; N, K not multiples of 128). M <= 256 gets
 # the pingpong 64x64 configuration, larger M the cooperative 128x256 one.

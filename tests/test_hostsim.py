@@ -40,6 +40,10 @@ def sizes_for(program, m: int, n: int, k: int) -> dict[str, int]:
     for dim, value in ((a.dims[0], m), (a.dims[1], k), (b.dims[1], n)):
         if len(dim.names) == 1 and dim.names[0] not in sizes:
             sizes[dim.names[0]] = max(1, math.ceil(value / dim.coef))
+        elif len(dim.names) > 1:      # Dh*H (sorted names): 4 of each later factor, the first makes up the size
+            first, *rest = dim.names
+            sizes.update({x: 4 for x in rest if x not in sizes})
+            sizes.setdefault(first, max(1, math.ceil(value / dim.coef / 4 ** len(rest))))
     rows = a.dims[0].names[0]
     for d in program.dims:
         sizes.setdefault(d, n)

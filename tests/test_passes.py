@@ -115,7 +115,7 @@ def test_column_reductions_get_their_own_combine():
 @pytest.mark.parametrize("tiles", [(64, 128), (128, 256), (128, 64)])
 def test_every_sample_rewrites_equivalently(path, tiles):
     a = pipeline.analyze(str(path))
-    sizes = {d: v for d, v in dict(M=77, K=40, N=384, D=136, F=200, V=300, E=48).items() if d in a.source_program.dims}
+    sizes = {d: v for d, v in dict(M=77, K=40, N=384, D=136, F=200, V=300, E=48, H=3, Dh=66).items() if d in a.source_program.dims}
     inputs = reference.random_inputs(a.source_program, sizes, seed=hash(path.stem) % 1000)
     errors = verify.equivalence(a, inputs, sizes, {k.name: tiles for k in a.program.kernels})
     assert errors and max(errors.values()) <= 1e-12, errors

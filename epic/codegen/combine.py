@@ -85,6 +85,9 @@ def lower_combine(program: Program, k: CombineKernel) -> CombineSpec:
             elif v.kind is Kind.SCALAR:
                 writer.bind(v, (scalar(t.name),))
             elif (v.kind is Kind.COL and k.axis == "row") or (v.kind is Kind.ROW and k.axis == "col"):
+                if "period" in v.attrs:
+                    raise error("E702", f"a per-head vector ('{t.name}') in the vector math after a column "
+                                "reduction is not supported by code generation yet", v.span)
                 if t.dtype.cuda is None:
                     raise error("E702", f"reading vector '{t.name}' of type {t.dtype} in a combine kernel is not "
                                 "supported by code generation yet", v.span)

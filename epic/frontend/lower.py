@@ -325,9 +325,19 @@ class _KernelBuilder:
         if t.producer == self.g.name:
             raise error("E201", f"'{t.name}' is stored by this gemm; refer to the value, not the tensor", span,
                         "bind it with a name first: h = ...; out y: bf16 = h; ... use h")
-        v = make("load", (), {"tensor": t.name, "dtype": t.dtype, "shape": self._shape_of(t, span)}, span, t.name)
+        attrs = {"tensor": t.name, "dtype": t.dtype, "shape": self._shape_of(t, span)}
+        period = self._period_of(t)
+        if period is not None:
+            attrs["period"] = period
+        v = make("load", (), attrs, span, t.name)
         self.loads[t.name] = v
         return v
+
+    def _period_of(self, t: Tensor) -> Dim | None:
+        """The length of a vector repeated along the row (a per-head [Dh] vector when N = H*Dh)."""
+        if len(t.dims) != 1 or t.dims[0] == self.rows or t.dims[0].ratio(self.n) is not None:
+            return None
+        return t.dims[0] if periodic_quotient(self.n, t.dims[0]) is not None else None
 
     def _shape_of(self, t: Tensor, span: Span) -> Shape:
         if not t.dims:
@@ -344,8 +354,12 @@ class _KernelBuilder:
                 return COL
             if r is not None:
                 return Shape(Kind.ROW, r)
+            if self._period_of(t) is not None:
+                return Shape(Kind.ROW)     # repeated along the row: one copy per head
             raise error("E208", f"'{t.name}' is [{d}], which matches neither rows nor columns; {here}", span,
-                        f"a column vector is [{self.rows}] (one value per row), a row vector [{self.n}]")
+                        f"a column vector is [{self.rows}] (one value per row), a row vector [{self.n}]; a vector "
+                        f"repeated along the row (one per head) is over a factor of the columns: write the columns "
+                        f"as a product, e.g. [D, H*{d}], for a [{d}] vector")
         d0, d1 = t.dims
         r = d1.ratio(self.n)
         if d0 != self.rows or r is None:
@@ -354,6 +368,20 @@ class _KernelBuilder:
         if t.block:
             return Shape(Kind.BLOCK, r * t.block, t.block)
         return Shape(Kind.TILE, r)
+
+
+def periodic_quotient(n: Dim, d: Dim) -> Dim | None:
+    """N / d when a [d] vector repeats a whole number of times along N's columns (N = H*Dh, d = Dh:
+    H copies, a per-head vector); None otherwise. Symbolic: the quotient names a dimension, so it is
+    a whole number for every size."""
+    rest = list(n.names)
+    for x in d.names:
+        if x not in rest:
+            return None
+        rest.remove(x)
+    if not rest or d.coef == 0 or (n.coef / d.coef).denominator != 1:
+        return None
+    return Dim(n.coef / d.coef, tuple(rest))
 
 
 def _renamed(name: str) -> str:

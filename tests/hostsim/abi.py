@@ -62,7 +62,7 @@ def gemm_problems(src: GemmSource) -> list[str]:
         for j in node.scalars:
             names = src.info["scalars"]
             name = names[j] if 0 <= j < len(names) else "<none>"
-            if not (node.comment.startswith("scalar ") and _names(node.comment, name)):
+            if not _names(node.comment, name):     # "scalar eps", "per-head vector g (every Dh columns)"
                 problems.append(f"{what} reads s[{j}], which epic_info says is scalar '{name}'")
     for i, (role, tensor) in enumerate(entries):
         if role not in _OPERANDS and len(users.get(i, [])) != 1:

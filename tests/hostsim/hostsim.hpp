@@ -502,6 +502,23 @@ struct Coordinate : Node {
   }
 };
 
+// epic_nodes::Sm90PeriodicRowBroadcast<Element>: ptr[col % period] as float, every column (past N too:
+// the index wraps, so it never leaves the vector).
+template <class Element>
+struct PeriodicRowBroadcast : Node {
+  struct Arguments {
+    Element const* ptr = nullptr;
+    int period = 1;
+  };
+  Arguments args;
+  PeriodicRowBroadcast(Arguments const& a, Problem p) : Node{p}, args(a) {}
+  Frag<float> visit(Fragment const& f) const {
+    Frag<float> out;
+    for (int i = 0; i < kFrag; ++i) out[i] = float(args.ptr[f.n[i] % args.period]);
+    return out;
+  }
+};
+
 // epic_nodes::Sm90RowLsePartial<TileShape>: per row and column tile, the online log-sum-exp pair
 // (max, sum exp(x - max)) of the tile's valid columns, at ptr[2 * (n_tile * Mpad + m) + {0, 1}];
 // rows past M (and rows whose valid x are all -inf) get (-inf, 0).

@@ -102,6 +102,7 @@ EMULATIONS: dict[str, Emulation] = {
     "Sm90RowReduction": Emulation(_reduction("RowReduction"), {0: "col_partial"}),   # one partial per column
     # epic's own nodes (templates/nodes/epic_nodes/)
     "epic_nodes::Sm90Coordinate": Emulation(_custom("Coordinate", 1)),
+    "epic_nodes::Sm90PeriodicRowBroadcast": Emulation(_custom("PeriodicRowBroadcast", 1), {0: "row"}),
     "epic_nodes::Sm90RowLsePartial": Emulation(_custom("RowLsePartial", 1), {0: "row_partial"}),
     "epic_nodes::Sm90PackedInt4Store": Emulation(_custom("PackedInt4Store", 0), {0: "int4_store"}),
     "epic_nodes::Sm90BlockScale": Emulation(_custom("BlockScale", 5), {0: "block_scale", 3: "int4_store"}),

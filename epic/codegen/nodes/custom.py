@@ -2,6 +2,7 @@
 each, printed into the kernels that use them).
 
 - Coordinate: the row or column index of each element (`row`, `col`; cross entropy's row_pick).
+- PeriodicRowBroadcast: a per-head vector, [Dh] repeated along N = H*Dh columns (vec[col % Dh]).
 - RowLsePartial: per-tile online log-sum-exp pairs (max, sum of exp(x - max)) of a row.
 - BlockScaleD / BlockScaleInt4: 1xB block-scaled quantization, q = x / s with
   s = max(block amax of |x|, floor) / qmax, as the prelude's fp8_e4m3_scale, int8_block_scale and
@@ -34,6 +35,24 @@ class Coordinate(NodeImpl):
     def emit(cls, b, v) -> int:
         keyword = P.prim(v.op).keyword
         return b.add(cls, f"epic_nodes::Sm90Coordinate<{0 if keyword == 'row' else 1}>", "{}", [], f"{keyword} index")
+
+
+class PeriodicRowBroadcast(NodeImpl):
+    covers = "per-head vectors ([Dh] repeated along N = H*Dh columns)"
+    header = "epic_nodes/periodic_row_broadcast.hpp"
+
+    @classmethod
+    def matches(cls, b, v) -> bool:
+        return P.prim(v.op).reads == "tensor" and "period" in v.attrs and v.dtype.cutlass is not None
+
+    @classmethod
+    def emit(cls, b, v) -> int:
+        t = b.program.tensors[v.attrs["tensor"]]
+        p, i = b.pointer("row", t.name, t.dtype)
+        period = b.scalar(str(v.attrs["period"]), v.attrs["period"])
+        return b.add(cls, f"epic_nodes::Sm90PeriodicRowBroadcast<{t.dtype.cutlass}>",
+                     f"{{static_cast<{t.dtype.cutlass} const*>({p}), int({period})}}", [],
+                     f"per-head vector {t.name} (every {v.attrs['period']} columns)", i)
 
 
 class RowLsePartial(NodeImpl):

@@ -1,0 +1,73 @@
+// epic_nodes::Sm90PeriodicRowBroadcast<Element>: a leaf that yields, for each fragment element,
+// ptr[col % period] as float -- a vector of `period` values repeated along the row: a per-head
+// vector (QK-norm's gamma, RoPE's frequencies) over N = heads * period columns.
+//
+//   using NodeGamma = epic_nodes::Sm90PeriodicRowBroadcast<cutlass::bfloat16_t>;
+//   // Arguments: {ptr, period}
+//
+// Read straight from global memory through the read-only cache: the vector is small and every CTA
+// reads the same values. Columns past N (ragged edges) wrap like the others, so no read leaves the
+// vector; whoever consumes those elements masks as usual.
+#pragma once
+
+#include "epic_nodes/detail.hpp"
+
+namespace epic_nodes {
+
+template <class Element>
+struct Sm90PeriodicRowBroadcast : detail::NoWorkspaceNoLoads {
+  struct SharedStorage {};
+  struct Arguments {
+    Element const* ptr = nullptr;
+    int period = 1;
+  };
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params
+  to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) { return args; }
+
+  template <class ProblemShape>
+  static bool
+  can_implement(ProblemShape const&, Arguments const& args) { return args.ptr != nullptr && args.period > 0; }
+
+  CUTLASS_HOST_DEVICE Sm90PeriodicRowBroadcast() {}
+  CUTLASS_HOST_DEVICE Sm90PeriodicRowBroadcast(Params const& params, SharedStorage const&) : params(params) {}
+
+  Params params;
+
+  template <class CoordTensor>
+  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE
+    ConsumerStoreCallbacks(CoordTensor tCcD, int base, Params const& params)
+        : tCcD(tCcD), base(base), params(params) {}
+
+    CoordTensor tCcD;  // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) coordinates relative to this thread's first element
+    int base;          // absolute column of this thread's first element
+    Params const& params;
+
+    template <class ElementAccumulator, int FragmentSize>
+    CUTLASS_DEVICE cutlass::Array<float, FragmentSize>
+    visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n) {
+      using namespace cute;
+      Tensor tCcD_mn = tCcD(_,_,_,epi_m,epi_n);
+      cutlass::Array<float, FragmentSize> out;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) {
+        int col = base + int(get<1>(tCcD_mn(epi_v * FragmentSize + i)));
+        out[i] = float(params.ptr[col % params.period]);
+      }
+      return out;
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto
+  get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
+    using namespace cute;
+    int base = int(get<1>(args.problem_shape_mnkl)) - int(get<1>(args.residue_tCcD));
+    return ConsumerStoreCallbacks<decltype(args.tCcD)>(args.tCcD, base, params);
+  }
+};
+
+} // namespace epic_nodes
