@@ -21,12 +21,19 @@ from .test_cache import tiny_elf
 
 SUPPORTED = sorted(p.stem for p in (ROOT / "samples").glob("*.epi"))     # every sample
 GEMM = "gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n"
-REFUSED = {   # what code generation refuses (E702): (program with `$` where the caret must point, words)
-    "col_lse": (GEMM + "  out s: f32[N] = $col_lse(acc)\n}\n", "col_lse"),
-    "block_sum_store": (GEMM + "  $out s: f32[M, N/32] = block_sum(acc, 32)\n}\n", "block reductions"),
-    "half_width_e4m3": (GEMM + "  $out y: e4m3 = even(acc)\n}\n", "half as wide"),
+REFUSED = {   # what code generation refuses (E702): (program with `$` where the caret must point, message)
+    "col_lse": (GEMM + "  out s: f32[N] = $col_lse(acc)\n}\n",
+                "storing 'g__s_part0' (per-tile partials of col_lse 's', f32)"),
+    "block_sum_store": (GEMM + "  $out s: f32[M, N/32] = block_sum(acc, 32)\n}\n",
+                        "storing 's' (block_sum 's' (1x32 block reductions), f32)"),
+    "half_width_e4m3": (GEMM + "  $out y: e4m3 = even(acc)\n}\n",
+                        "storing 'y' (even 'y' (a tile, half as wide as the accumulator), e4m3)"),
+    "double_width_i4": (GEMM + "  $out y: i4 = interleave(acc, acc)\n}\n",
+                        "storing 'y' (interleave 'y' (a tile, 2 times as wide as the accumulator), i4)"),
     "block_scale_without_floor": (GEMM + "  s = $block_max(abs(acc), 64) / 448\n  out q: e4m3 = acc / s\n}\n",
-                                  "block reductions"),
+                                  "block_max (1x64 block reductions) inside an epilogue expression"),
+    "double_width_f32_input": (GEMM + "  in z: f32[M, 2*N]\n  out y: f32 = acc + even($z)\n}\n",
+                               "'z' (a f32 tile, 2 times as wide as the accumulator) inside an epilogue expression"),
 }
 
 
@@ -61,8 +68,8 @@ def test_unsupported_features_are_refused_clearly(name):
         prog.units()
     assert info.value.codes == ["E702"]
     d = info.value.diagnostics[0]
-    assert REFUSED[name][1] in d.message and "not supported by code generation yet" in d.message, d.message
-    assert d.hint and "supported:" in d.hint
+    assert d.message == REFUSED[name][1] + " is not supported by code generation yet", d.message
+    assert d.hint.startswith("supported: ") and "; " in d.hint
     assert d.span is not None and d.span.line == line, (d.span, line, column)
 
 

@@ -153,3 +153,76 @@ def test_configuration_text():
     cfg = config.KernelConfig("cooperative", (128, 256, 64), (2, 1), "direct", (128, 64), 8, "n")
     assert str(cfg) == "cooperative 128x256x64 cluster 2x1 aux_load=direct epilogue 128x64 swizzle 8 raster n"
     assert cfg.key() == "coop_128x256x64_c2x1_direct_e128x64" and cfg.raster_code == 2
+
+
+# ------------------------------------------------------------ every entry and line of a small ledger
+SMALL = """def sq(x) = x * x
+gemm g(x: e4m3[M, K] @ w: e4m3[K, N]) {
+  in bias: bf16[N]
+  h = acc + bias
+  out y: bf16 = h
+  out r: f32[M] = row_sum(sq(h))
+  out q: f32[M, N/32] = block_max(abs(h), 32)
+}
+"""
+
+
+def test_unfused_rows_entry_by_entry():
+    """fp8 A: the op-by-op accumulator is bf16; statistics f32; a call of a definition is one row
+    named after it; an unnamed op is named after its primitive; stored values take their dtype."""
+    a = analyze(SMALL)
+    rows = ledger.unfused_rows(a.source_program, dict(M=4, K=32, N=64))
+    tile = "bf16[4, 64]"
+    assert [(r.kernel, r.kind, r.reads, r.writes) for r in rows] == [
+        ("g (gemm)", "gemm", [("x", "e4m3[4, 32]", 128), ("w", "e4m3[32, 64]", 2048)], [("acc", tile, 512)]),
+        ("  h", "op", [("acc", tile, 512), ("bias", "bf16[64]", 128)], [("y", tile, 512)]),
+        ("  sq(...)", "op", [("h", tile, 512)], [("mul", tile, 512)]),
+        ("  r", "op", [("mul", tile, 512)], [("r", "f32[4]", 16)]),
+        ("  abs", "op", [("h", tile, 512)], [("abs", tile, 512)]),
+        ("  q", "op", [("abs", tile, 512)], [("q", "f32[4, 2]", 32)]),
+    ]
+
+
+def test_bf16_accumulator_and_vectors_op_by_op():
+    a = analyze("gemm g(x: f16[M, K] @ w: f16[K, N]) {\n  in s: f32[M]\n  c = col_sum(acc)\n"
+                "  out y: f16 = acc * s\n  out z: f32[N] = c * 2\n}\n")
+    rows = ledger.unfused_rows(a.source_program, dict(M=4, K=8, N=16))
+    assert rows[0].writes == [("acc", "f16[4, 16]", 128)]             # a 16-bit A keeps its own dtype
+    assert ("  c", "op", [("acc", "f16[4, 16]", 128)], [("c", "f32[16]", 64)]) in \
+        [(r.kernel, r.kind, r.reads, r.writes) for r in rows]
+    assert ("  z", "op", [("c", "f32[16]", 64)], [("z", "f32[16]", 64)]) in \
+        [(r.kernel, r.kind, r.reads, r.writes) for r in rows]
+
+
+def test_sizes_in_words():
+    assert [ledger._mib(b) for b in (0, 1023, 1024, 1536, (1 << 20) - 1, 1 << 20, 3 << 19)] == \
+        ["0 B", "1023 B", "1.0 KiB", "1.5 KiB", "1024.0 KiB", "1.00 MiB", "1.50 MiB"]
+
+
+def test_render_line_by_line():
+    """bias + acc at M=4, K=8, N=16, every number by hand: fused, the gemm reads x (64 B), w (256 B)
+    and bias (32 B) and writes y (128 B); op by op, the gemm writes acc (128 B) and the add reads it
+    with bias and writes y."""
+    a = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  in bias: bf16[N]\n  out y: bf16 = acc + bias\n}\n")
+    plan = planner.make_plan(a.program, dict(M=4, K=8, N=16))
+    lines = ledger.render(plan, a.source_program).splitlines()
+    assert lines[:5] == ["plan for t.epi at M=4, K=8, N=16", "", "kernels (in launch order):",
+                         "  1. g: gemm x @ w  [pingpong 64x64x64 cluster 1x1]", "       writes y"]
+    buf = lines.index("buffers:")
+    assert lines[buf + 1].split() == ["x", "input", "bfloat16[4,", "8]", "64", "B", "written", "by", "caller;",
+                                      "read", "by", "g"]
+    assert lines[buf + 4].split() == ["y", "out", "bfloat16[4,", "16]", "128", "B", "written", "by", "g;",
+                                      "read", "by", "-"]
+    fused = lines.index("byte ledger, fused (this plan):")
+    assert lines[fused + 1].split() == ["kernel", "read", "written", "detail"]
+    assert lines[fused + 2].split() == ["g", "352", "128", "x", "bfloat16[4,", "8];", "w", "bfloat16[8,", "16];",
+                                        "bias", "bfloat16[16]", "->", "y", "bfloat16[4,", "16]"]
+    assert lines[fused + 3].split() == ["total", "352", "128"]
+    unfused = lines.index("byte ledger, op by op without fusion (see epic/plan/ledger.py for the model):")
+    assert lines[unfused + 2].split() == ["g", "(gemm)", "320", "128", "x", "bf16[4,", "8];", "w", "bf16[8,",
+                                          "16]", "->", "acc", "bf16[4,", "16]"]
+    assert lines[unfused + 3].split() == ["y", "160", "128", "acc", "bf16[4,", "16];", "bias", "bf16[16]", "->",
+                                          "y", "bf16[4,", "16]"]
+    assert lines[-3:] == ["total fused                   480 B  (480 B) in 1 kernels",
+                          "total op by op                736 B  (736 B) in 2 kernels",
+                          "fused / op by op            0.652"]

@@ -74,16 +74,16 @@ class Builder:
         self.aux_elements: list[str] = []     # element types of the aux stores (size a void D's smem)
 
     # ------------------------------------------------------------------ what node implementations call
-    def add(self, impl, type_: str, args: str, inputs: list[int], comment: str, pointer: int | None = None) -> int:
+    def add(self, impl, type_: str, args: str, inputs: list[int], comment: str) -> int:
         if impl.header and impl.header not in self.headers:
             self.headers.append(impl.header)
-        self.nodes.append(Node(impl.__name__, type_, args, inputs, comment, pointer))
+        self.nodes.append(Node(impl.__name__, type_, args, inputs, comment))
         return len(self.nodes) - 1
 
-    def pointer(self, role: str, tensor: str, dtype: dtypes.DType, note: str = "") -> tuple[str, int]:
-        """A new launch pointer: (C++ expression, index)."""
+    def pointer(self, role: str, tensor: str, dtype: dtypes.DType, note: str = "") -> str:
+        """A new launch pointer: its C++ expression."""
         self.pointers.append(Pointer(role, tensor, dtype, note))
-        return f"p[{len(self.pointers) - 1}]", len(self.pointers) - 1
+        return f"p[{len(self.pointers) - 1}]"
 
     def scalar(self, name: str, dim=None) -> str:
         self.scalars.append(Scalar(name, dim))

@@ -141,12 +141,8 @@ def run(case: Case, inputs: dict, fill: int | None = None) -> dict[str, torch.Te
         buffers[b.name] = binding.allocate(b, "cpu", poison=True)
         if fill is not None:
             buffers[b.name].reshape(-1).view(torch.uint8).fill_(fill)
-    for launch in bound.launches:
-        ptrs = [buffers[n].data_ptr() if n else 0 for n in launch.pointer_tensors]
-        values = launch.c_scalars
-        if launch.runtime_scalars:
-            values = [v if isinstance(v, float) else scalars[v] for v in launch.scalars]
-        launch.library.launch(ptrs, launch.c_dims, values, 0, 0, launch.workspace)
+    for launch in bound.launches:       # the runtime's own launch path: pointers, scalars, workspace
+        launch.run(buffers, scalars, 0, "cpu")
     return {b.name: buffers[b.name] for b in bound.allocations}
 
 

@@ -21,7 +21,6 @@ class Node:
     args: str                 # C++ initializer of its Arguments
     inputs: list[int]
     comment: str
-    pointer: int | None = None   # index of the launch pointer it reads or writes
 
 
 @dataclass

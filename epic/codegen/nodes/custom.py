@@ -48,11 +48,11 @@ class PeriodicRowBroadcast(NodeImpl):
     @classmethod
     def emit(cls, b, v) -> int:
         t = b.program.tensors[v.attrs["tensor"]]
-        p, i = b.pointer("row", t.name, t.dtype)
+        p = b.pointer("row", t.name, t.dtype)
         period = b.scalar(str(v.attrs["period"]), v.attrs["period"])
         return b.add(cls, f"epic_nodes::Sm90PeriodicRowBroadcast<{t.dtype.cutlass}>",
                      f"{{static_cast<{t.dtype.cutlass} const*>({p}), int({period})}}", [],
-                     f"per-head vector {t.name} (every {v.attrs['period']} columns)", i)
+                     f"per-head vector {t.name} (every {v.attrs['period']} columns)")
 
 
 class RowLsePartial(NodeImpl):
@@ -68,9 +68,9 @@ class RowLsePartial(NodeImpl):
     @classmethod
     def emit(cls, b, s) -> int:
         src = b.compute(s.value.args[0])
-        p, i = b.pointer("row_partial", s.tensor, dtypes.F32, "[tiles N, M padded, 2] (max, sum-exp)")
+        p = b.pointer("row_partial", s.tensor, dtypes.F32, "[tiles N, M padded, 2] (max, sum-exp)")
         return b.add(cls, "epic_nodes::Sm90RowLsePartial<TileShape>", f"{{static_cast<float*>({p})}}", [src],
-                     f"per-tile row lse -> {s.tensor}", i)
+                     f"per-tile row lse -> {s.tensor}")
 
 
 # ---------------------------------------------------------------- block-scaled quantization
@@ -129,20 +129,20 @@ class _BlockScale(NodeImpl):
         if scales:
             st = b.program.tensors[scales[0].tensor]
             el = st.dtype.cutlass
-            p, i = b.pointer("block_scale", st.name, st.dtype, f"[M, N/{block}] scales")
+            p = b.pointer("block_scale", st.name, st.dtype, f"[M, N/{block}] scales")
             scale_arg = f"static_cast<{el}*>({p})"
         else:
-            el, i, scale_arg = "float", None, "nullptr"
+            el, scale_arg = "float", "nullptr"
         if cls.output == 0:
             b.set_d(t, t.dtype.cutlass, t.dtype.bits, f"[M, N] {t.dtype}, 1x{block} block-scaled")
             q_arg = "nullptr"
         else:
-            pq, iq = b.pointer("int4_store", t.name, t.dtype, "[M, N/2] packed int4")
+            pq = b.pointer("int4_store", t.name, t.dtype, "[M, N/2] packed int4")
             b.aux_elements.append("uint8_t")
             q_arg = f"static_cast<uint8_t*>({pq})"
         return b.add(cls, f"epic_nodes::Sm90BlockScale<{block}, {el}, false, 0, {cls.output}>",
                      f"{{{scale_arg}, {literal(qmax)}, {literal(floor)}, {q_arg}}}", [src],
-                     f"1x{block} block scale -> {t.name}" + (f", scales {scales[0].tensor}" if scales else ""), i)
+                     f"1x{block} block scale -> {t.name}" + (f", scales {scales[0].tensor}" if scales else ""))
 
 
 def floor_ok(v) -> bool:
@@ -178,6 +178,6 @@ class PackedInt4Store(NodeImpl):
     def emit(cls, b, s) -> int:
         t = b.program.tensors[s.tensor]
         src = b.compute(s.value, t.dtype)
-        p, i = b.pointer("int4_store", t.name, t.dtype, "[M, N/2] packed int4")
+        p = b.pointer("int4_store", t.name, t.dtype, "[M, N/2] packed int4")
         return b.add(cls, "epic_nodes::Sm90PackedInt4Store", f"{{static_cast<uint8_t*>({p})}}", [src],
-                     f"store int4 {t.name}", i)
+                     f"store int4 {t.name}")

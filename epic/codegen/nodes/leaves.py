@@ -33,9 +33,9 @@ class ScalarBroadcast(NodeImpl):
     def emit(cls, b, v) -> int:
         t = b.program.tensors.get(v.attrs.get("tensor"))
         if t is not None and t.producer:    # a whole-tensor statistic an earlier kernel stored: read on the device
-            p, i = b.pointer("scalar", t.name, t.dtype)
+            p = b.pointer("scalar", t.name, t.dtype)
             return b.add(cls, "Sm90ScalarBroadcast<float>", f"{{{{0.f}}, {{static_cast<float const*>({p})}}, {{}}}}",
-                         [], f"scalar {t.name} (device)", i)
+                         [], f"scalar {t.name} (device)")
         name = v.attrs.get("tensor") or str(v.attrs["dim"])
         s = b.scalar(name, v.attrs.get("dim"))
         return b.add(cls, "Sm90ScalarBroadcast<float>", f"{{{{{s}}}, {{nullptr}}, {{}}}}", [], f"scalar {name}")
@@ -56,12 +56,12 @@ class AuxLoad(NodeImpl):
 def emit_aux_load(impl, b, v, el: str, note: str = "") -> int:
     """An Sm90AuxLoad of the [M, N] tile `v` reads, as elements of type `el`."""
     t = b.program.tensors[v.attrs["tensor"]]
-    p, i = b.pointer("aux_load", t.name, t.dtype, note)
+    p = b.pointer("aux_load", t.name, t.dtype, note)
     d = b.descriptor("AuxLoadDescriptor", el)
     stages = f"{d}::Stages" if b.cfg.aux_load == "tma" else "0"     # 0: global -> registers
     return b.add(impl, f"Sm90AuxLoad<{stages}, typename {d}::EpilogueTile, {el}, StrideAux, "
                  f"typename {d}::SmemLayoutAtom, typename {d}::CopyOpS2R>",
-                 f"{{static_cast<{el} const*>({p}), {el}(0), sAux}}", [], f"load tile {t.name}", i)
+                 f"{{static_cast<{el} const*>({p}), {el}(0), sAux}}", [], f"load tile {t.name}")
 
 
 class _VectorBroadcast(NodeImpl):
@@ -79,9 +79,9 @@ class _VectorBroadcast(NodeImpl):
     def emit(cls, b, v) -> int:
         t = b.program.tensors[v.attrs["tensor"]]
         el = t.dtype.cutlass
-        p, i = b.pointer(cls.role_name, t.name, t.dtype)
+        p = b.pointer(cls.role_name, t.name, t.dtype)
         return b.add(cls, f"{cls.cutlass}<0, TileShape, {el}, float, Stride<{cls.stride}, int64_t>>",
-                     f"{{static_cast<{el} const*>({p}), {el}(0), {{}}}}", [], f"{cls.what} {t.name}", i)
+                     f"{{static_cast<{el} const*>({p}), {el}(0), {{}}}}", [], f"{cls.what} {t.name}")
 
 
 class RowBroadcast(_VectorBroadcast):

@@ -29,12 +29,12 @@ def emit_aux_store(impl, b, s, element: str, pack=None, note: str = "") -> int:
     """The store of `s` through an Sm90AuxStore (a TMA store of an [M, N] tile of `element`)."""
     t = b.program.tensors[s.tensor]
     src = b.compute(s.value, t.dtype, pack=pack)
-    p, i = b.pointer("aux_store", t.name, t.dtype, note)
+    p = b.pointer("aux_store", t.name, t.dtype, note)
     b.aux_elements.append(element)
     d = b.descriptor("AuxStoreDescriptor", element)
     return b.add(impl, f"Sm90AuxStore<{d}::Stages, typename {d}::EpilogueTile, {element}, RN, StrideAux, "
                  f"typename {d}::SmemLayoutAtom, typename {d}::CopyOpR2S>",
-                 f"{{static_cast<{element}*>({p}), sAux}}", [src], f"store tile {t.name}", i)
+                 f"{{static_cast<{element}*>({p}), sAux}}", [src], f"store tile {t.name}")
 
 
 class DStore(NodeImpl):
@@ -84,12 +84,12 @@ class _StockPartial(NodeImpl):
         r = P.reduction(v.attrs["fn"])
         x = make(r.pre, (v.args[0],), {}, v.span) if r.pre else v.args[0]
         src = b.compute(x)
-        p, i = b.pointer(f"{cls.axis}_partial", s.tensor, dtypes.F32)
+        p = b.pointer(f"{cls.axis}_partial", s.tensor, dtypes.F32)
         op = r.cxx_op
         return b.add(cls, f"{cls.cutlass}<{op}, {op}, {op}, 0, TileShape, float, float, RN, "
                      f"Stride<{cls.stride}, int64_t>, 4, true, /*FinalReduction=*/false>",
                      f"{{{p}, {literal(r.identity[0])}, {{{', '.join(x + '{}' for x in cls.stride.split(', '))}, "
-                     "int64_t(0)}}", [src], f"per-tile {cls.axis} {r.name} -> {s.tensor}", i)
+                     "int64_t(0)}}", [src], f"per-tile {cls.axis} {r.name} -> {s.tensor}")
 
 
 class RowPartial(_StockPartial):
