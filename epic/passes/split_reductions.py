@@ -12,7 +12,7 @@ cannot enter.
 
 A whole-tensor reduction (all_f(x) = col_f(row_f(x)): the last step reduces a vector) takes one more
 kernel: the combine kernel that owns the vector stores it, pre-mapped (amax: abs), into a buffer of
-one value per row (or column); an "all" combine kernel (one block) merges those in a fixed order and
+one value per row (or column); an "all" combine kernel (one warp) merges those in a fixed order and
 computes and stores the scalar math that follows.
 """
 from __future__ import annotations
