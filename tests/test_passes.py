@@ -141,3 +141,18 @@ def test_prenorm_scale_leaves_gemm1_and_enters_gemm2():
     assert "n__rowscale" not in dump.to_text(before)
     assert "load n__rowscale" in kernel_text(after, 1)
     assert "store n__rowscale" in kernel_text(after, 0)
+
+
+def test_e501_names_the_nearest_reduction_behind_the_culprit():
+    """exp(s * row_max(h)) with s = h * rsqrt(row_mean(h * h) + eps): the first operand reaches
+    row_mean two steps down, the second is row_max itself; the message names the nearer one and
+    points a note at it (line 4, column 25)."""
+    from epic.diagnostics import EpicError
+    text = ("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  h = acc\n  s = h * rsqrt(row_mean(h * h) + 1e-6)\n"
+            "  tmp n: bf16 = exp(s * row_max(h))\n}\ngemm g2(n @ w2: bf16[N, P]) {\n  out y: bf16 = acc\n}\n")
+    with pytest.raises(EpicError) as info:
+        analyze(text)
+    d = info.value.diagnostics[0]
+    assert d.code == "E501" and "'n' needs row_max (" in d.message and "through `exp`" in d.message
+    (span, note), _ = d.notes
+    assert note == "the row reduction is here" and (span.line, span.column) == (4, 25)
