@@ -5,11 +5,14 @@
   the runtime, the command line);
 - one record per primitive: no code outside the records (epic/ir/primitives.py) and the node
   registry (epic/codegen/nodes/) tests op names as strings;
-- docs/LANGUAGE.md's table of primitives is the one the records make (`epic ops --markdown`).
+- docs/LANGUAGE.md's table of primitives is the one the records make (`epic ops --markdown`);
+- every subpackage is listed in pyproject.toml, so it ships.
 """
 import ast
 import pathlib
 import re
+
+import pytest
 
 from .conftest import ROOT
 
@@ -109,3 +112,12 @@ def test_language_doc_lists_every_diagnostic_code():
     doc = (ROOT / "docs" / "LANGUAGE.md").read_text()
     missing = [c for c, text in diagnostics.CODES.items() if f"| {c} | {text} |" not in doc]
     assert not missing, f"docs/LANGUAGE.md's diagnostics table lacks {missing}"
+
+
+def test_every_subpackage_ships():
+    """A package directory missing from pyproject's list is left out of the installed package (the
+    source tree imports fine, the installed `epic` command does not)."""
+    tomllib = pytest.importorskip("tomllib")      # Python 3.11+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "epic").rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)
