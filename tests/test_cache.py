@@ -442,7 +442,9 @@ def test_hanging_nvcc_version_times_out(fake, monkeypatch):
 
 
 INTERRUPTED = textwrap.dedent("""\
-    from epic.runtime import build
+    import signal
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # as at a terminal, even when started in the
+    from epic.runtime import build                              # background (where SIGINT is inherited ignored)
     u = build.Unit("k", "// k\\n", uses_cutlass=False)
     build.build_all([u], quiet=True) if {all!r} else build.build_one(u)
     """)
