@@ -32,6 +32,10 @@ REFUSED = {   # what code generation refuses (E702): (program with `$` where the
                         "storing 'y' (interleave 'y' (a tile, 2 times as wide as the accumulator), i4)"),
     "block_scale_without_floor": (GEMM + "  s = $block_max(abs(acc), 64) / 448\n  out q: e4m3 = acc / s\n}\n",
                                   "block_max (1x64 block reductions) inside an epilogue expression"),
+    "block_scale_zero_floor": (GEMM + "  $out q: e4m3 = acc / (max(block_max(abs(acc), 64), 0.0) / 448)\n}\n",
+                               "block_max (1x64 block reductions) inside an epilogue expression"),
+    "block_scale_negative_qmax": (GEMM + "  $out q: e4m3 = acc / (max(block_max(abs(acc), 64), 1e-12) / -448)\n}\n",
+                                  "block_max (1x64 block reductions) inside an epilogue expression"),
     "double_width_f32_input": (GEMM + "  in z: f32[M, 2*N]\n  out y: f32 = acc + even($z)\n}\n",
                                "'z' (a f32 tile, 2 times as wide as the accumulator) inside an epilogue expression"),
 }

@@ -156,3 +156,27 @@ def test_e501_names_the_nearest_reduction_behind_the_culprit():
     assert d.code == "E501" and "'n' needs row_max (" in d.message and "through `exp`" in d.message
     (span, note), _ = d.notes
     assert note == "the row reduction is here" and (span.line, span.column) == (4, 25)
+
+
+GEMM_XW = "gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n"
+
+
+def _consts(text: str) -> list:
+    k = analyze(text).program.kernels[0]
+    return [v for v in k.values if v.op == "const"]
+
+
+def test_folding_is_float64_and_keeps_name_and_place():
+    (c,) = [v for v in _consts(GEMM_XW + "  c = 0.1 + 0.2\n  out y: f32 = acc * c\n}\n")]
+    assert c.attrs["value"] == 0.1 + 0.2                  # 0.30000000000000004: not f32's 0.3000000119
+    assert c.name == "c" and (c.span.line, c.span.column) == (2, 7)
+
+
+@pytest.mark.parametrize("expr, folded", [("2147483646 + 1", 2147483647), ("2147483647 + 1", None),
+                                          ("-2147483647 - 1", None), ("0 - 2147483647", -2147483647)])
+def test_integer_folding_stops_at_the_i32_range(expr, folded):
+    values = [v.attrs["value"] for v in _consts(GEMM_XW + f"  out y: i32 = i32(acc) + ({expr})\n}}\n")]
+    if folded is None:
+        assert len(values) == 2, values                   # not folded: left to the kernel and the interpreter
+    else:
+        assert values == [folded]
