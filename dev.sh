@@ -36,7 +36,8 @@ case "${1:-}" in
     DIR=${EPIC_MUTATION_DIR:-/tmp/epic-mutation}
     rm -rf "$DIR" && mkdir -p "$DIR"
     git archive HEAD | tar -x -C "$DIR"
-    (cd "$DIR" && "$OLDPWD/$VENV/bin/mutmut" run --max-children "$(nproc)" "$@" >/dev/null 2>&1 || true
+    # one torch thread: mutmut forks per mutant, and a forked torch thread pool crashes (a false "segfault")
+    (cd "$DIR" && OMP_NUM_THREADS=1 "$OLDPWD/$VENV/bin/mutmut" run --max-children "$(nproc)" "$@" >/dev/null 2>&1 || true
      "$OLDPWD/$VENV/bin/mutmut" results --all true | tests/mutation/score.py)
     ;;
   *)
