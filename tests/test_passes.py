@@ -65,6 +65,15 @@ HAND_WRITTEN = [
     "(h * g) / sqrt(row_mean(h ** 2) + 1e-6)",
     "rsqrt(row_sum(h * h) / D + 1e-6) * (g * h)",
     "h * (g * rsqrt(row_mean(h * h) + 1e-6))",
+    # row scales with powers: squared, divided twice, and two statistics (e = 2, -2, +1/-1 mixed)
+    "h * g * rsqrt(row_mean(h * h) + 1e-6) * rsqrt(row_mean(h * h) + 1e-6)",
+    "h * g / (sqrt(row_mean(h * h) + 1e-6) * sqrt(row_mean(h * h) + 1e-6))",
+    "h * g / sqrt(row_mean(h * h) + 1e-6) / sqrt(row_mean(h * h) + 1e-6)",
+    "h * g * (row_max(abs(h)) + 1) / (row_mean(h * h) + 1e-6)",
+    "h * g * (rsqrt(row_mean(h * h) + 1e-6) ** 3)",
+    "g * (h * rsqrt(row_mean(h * h) + 1e-6)) ** 2",                 # (r x)^2 = r^2 x^2
+    "g / (h * sqrt(row_mean(h * h) + 1e-6)) ** 2",                  # x^-2 and r^-2
+    "g * (h / sqrt(row_mean(h * h) + 1e-6)) ** 3 / (h * h)",
 ]
 
 
