@@ -164,6 +164,20 @@ def _build(analysis, sizes, jobs) -> None:
     from epic.runtime.compiled import CompiledProgram
     for lib in CompiledProgram(analysis).build(sizes, jobs):
         print(f"built {lib}")
+    _build_launcher()
+
+
+def _build_launcher() -> None:
+    """The compiled call path (an optimization: where it cannot be built, calls take ctypes)."""
+    import warnings
+    from epic.runtime import fastcall
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        path = fastcall.library()
+    if path is not None:
+        print(f"built {path} (the compiled call path)")
+    elif fastcall.why_not() != "EPIC_LAUNCHER=ctypes":
+        print(f"epic: note: calls will take the ctypes path: {fastcall.why_not()}", file=sys.stderr)
 
 
 def cmd_ops(args) -> int:

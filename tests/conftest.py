@@ -7,6 +7,14 @@ import pytest
 # `ensures`): a pass that breaks an invariant fails the test that compiled the program.
 os.environ.setdefault("EPIC_VERIFY", "1")
 
+# Without a GPU the compiled launcher (epic/runtime/fastcall.py) would only be built, never used:
+# tests that run `epic build` in a fresh cache would each spend ~40 s on it. tests/test_fastcall.py
+# turns it on for itself; on a GPU machine every test uses it, as users do.
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("EPIC_LAUNCHER", "ctypes")
+
 from epic import pipeline
 from epic.diagnostics import EpicError
 

@@ -22,6 +22,8 @@ def main() -> int:
     unique = {u.name + str(hash(u.source)): u for u in units}
     for p in build.build_all(list(unique.values())):
         print(p)
+    from epic.runtime import fastcall
+    print(fastcall.library() or f"no compiled call path: {fastcall.why_not()}")
     return 0
 
 

@@ -264,10 +264,32 @@ def test_inside_torch_compile():
     assert torch.equal(fn(**inputs), eager)
 
 
+@pytest.mark.parametrize("size", [(1, 392, 200), (300, 264, 136)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_compiled_call_path_gives_the_python_paths_bytes(name, size):
+    """The compiled launcher (runtime/fastcall.py) runs a bound signature: every buffer (keep=True)
+    bit-identical to the Python path's poisoned run, so every element was written by the kernels."""
+    from epic.runtime import fastcall
+    prog = epic.compile(path(name))                  # a fresh program: its first call binds
+    sizes = PROGRAMS[name](*size)
+    inputs = to_device(prog.program, make_inputs(prog.analysis.source_program, sizes, seed=seed_of("fast", name, size)))
+    slow = prog(poison=True, keep=True, **inputs)
+    fast = prog(keep=True, **inputs)
+    torch.cuda.synchronize()
+    assert fastcall.why_not() is None and prog._fast is not None and len(prog._fast) == 1
+    assert set(fast) == set(slow)
+    for k in slow:
+        assert torch.equal(fast[k].reshape(-1).view(torch.uint8), slow[k].reshape(-1).view(torch.uint8)), k
+        assert fast[k].data_ptr() != slow[k].data_ptr()
+    outputs = prog(**inputs)
+    assert set(outputs) == {t.name for t in prog.outputs}
+
+
 def test_wrong_tensors_are_refused_before_launch():
-    prog = compiled("samples/bias_gelu.epi")
+    prog = epic.compile(path("samples/bias_gelu.epi"))
     sizes = dict(M=64, K=128, N=256)
     good = to_device(prog.program, make_inputs(prog.analysis.source_program, sizes, 3))
+    prog(**good)                                   # bound: later calls go through the compiled path first
     with pytest.raises(EpicError) as info:
         prog(**dict(good, w=good["w"].contiguous()))          # row-major B
     assert info.value.codes == ["E605"]

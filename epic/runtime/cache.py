@@ -2,6 +2,7 @@
 
 $EPIC_CACHE_DIR/<key>/ holds <name>.so, its manifest <name>.json (sha256, size, key, exported
 symbols, epic version, the kernel's expected self-description), the source <name>.cu and build.txt.
+One entry of kind "launcher" holds the compiled call path (runtime/fastcall.py), a Python module.
 While a build runs the directory also holds .lock (the builder's flock) and a .tmp-* directory
 (nvcc's output and temporaries). An entry is served only if its manifest matches the library and the
 library is a complete ELF shared object exporting epic's C ABI: a truncated library would otherwise
@@ -24,6 +25,7 @@ from pathlib import Path
 from ..diagnostics import Diagnostic, EpicError
 
 EXPORTS = ("epic_launch", "epic_workspace_size", "epic_info")
+LAUNCHER_EXPORTS = ("PyInit_epic_launcher",)      # the compiled call path (runtime/fastcall.py)
 TMP_PREFIX = ".tmp-"
 LOCK = ".lock"
 KEY_RE = re.compile(r"[0-9a-f]{24}")      # entry directories; anything else under the root is left alone
@@ -104,13 +106,13 @@ def elf_exports(data: bytes) -> set[str]:
         raise ValueError(f"malformed ELF file ({e})") from None
 
 
-def library_problem(data: bytes) -> str | None:
-    """Why these bytes are not a usable kernel library, or None."""
+def library_problem(data: bytes, exports: tuple[str, ...] = EXPORTS) -> str | None:
+    """Why these bytes are not a usable kernel library (or launcher module: its exports), or None."""
     try:
         symbols = elf_exports(data)
     except ValueError as e:
         return str(e)
-    missing = [s for s in EXPORTS if s not in symbols]
+    missing = [s for s in exports if s not in symbols]
     return f"does not export {', '.join(missing)}" if missing else None
 
 
@@ -143,10 +145,10 @@ def problem(lib: Path) -> str | None:
         return "contents differ from the manifest (sha256)"
     if m.get("key") != lib.parent.name or m.get("library") != lib.name:
         return "the manifest belongs to another entry"
-    return library_problem(data)
+    return library_problem(data, LAUNCHER_EXPORTS if m.get("kind") == "launcher" else EXPORTS)
 
 
-def commit(built: Path, target: Path, expect: dict | None = None) -> str | None:
+def commit(built: Path, target: Path, expect: dict | None = None, kind: str = "kernel") -> str | None:
     """Check a fresh build and move it into the cache; returns why it is unusable instead, moving
     nothing. The library goes first, then the manifest, both by atomic rename: readers see no entry,
     an entry without a manifest (rejected), or a whole one. The manifest is written next to `built`,
@@ -155,13 +157,14 @@ def commit(built: Path, target: Path, expect: dict | None = None) -> str | None:
         data = built.read_bytes()
     except FileNotFoundError:
         return "nvcc wrote no output file"
-    bad = library_problem(data)
+    exports = LAUNCHER_EXPORTS if kind == "launcher" else EXPORTS
+    bad = library_problem(data, exports)
     if bad:
         return bad
     from ..version import __version__
     manifest = {"library": target.name, "key": target.parent.name, "size": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "symbols": sorted(s for s in elf_exports(data) if s.startswith("epic_")),
+                "sha256": hashlib.sha256(data).hexdigest(), "kind": kind,
+                "symbols": sorted(s for s in elf_exports(data) if s in exports or s.startswith("epic_")),
                 "epic_version": __version__, "expect": expect}
     tmp_manifest = built.with_name(built.name + ".json")
     tmp_manifest.write_text(json.dumps(manifest, indent=1) + "\n")

@@ -15,10 +15,10 @@ import torch
 from .. import pipeline, reference
 from ..frontend import options
 from ..codegen import emit
-from ..diagnostics import error
+from ..diagnostics import EpicError, error
 from ..ir.core import Tensor
 from ..plan import planner
-from . import binding, build, custom_op, loader
+from . import binding, build, custom_op, fastcall, loader
 from .validate import scalar_value, signature, validate
 
 
@@ -29,6 +29,16 @@ def compile(path_or_source: str, config: dict[str, dict] | None = None) -> "Comp
     analysis = pipeline.analyze(path_or_source)
     gemms = {k.name: k.span for k in analysis.program.kernels if k.kind == "gemm"}
     return CompiledProgram(analysis, options.check_config(config, gemms))
+
+
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _current_raw_stream(index: int) -> int:
+    """The raw cudaStream_t of the current stream on device `index`."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(index)
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 def _current_stream(device: torch.device) -> int:
@@ -50,6 +60,10 @@ class CompiledProgram:
         self._lock = threading.Lock()
         self._op = None
         self._scalar_inputs = [t for t in self.program.inputs() if t.is_scalar]
+        self._tensor_names = [t.name for t in self.program.inputs() if not t.is_scalar]
+        self._names = frozenset(t.name for t in self.program.inputs())
+        self._fast = None                                # fastcall's Launcher, once a CUDA signature is bound
+        self._fast_bound: dict[int, binding.Bound] = {}   # its plan ids -> bound plans
 
     # ------------------------------------------------------------------ information
     @property
@@ -85,7 +99,12 @@ class CompiledProgram:
         keep=True also returns the intermediate tensors (tmp, deferred scales, per-tile partials).
         The first call with given shapes/dtypes/strides validates everything and binds a plan; later
         calls with the same signature re-check alignment and scalar values (pointers change, layouts
-        do not)."""
+        do not), in the compiled call path (runtime/fastcall.py) where it is available."""
+        fast = self._fast
+        if fast is not None and not positional and not poison:
+            result = self._call_fast(fast, args, keep)
+            if result is not None:
+                return result
         if positional:
             raise error("E601", f"a compiled program takes its tensors and scalars by name, got {len(positional)} "
                         "positional argument(s)", None, "call it as prog(" + ", ".join(
@@ -93,9 +112,11 @@ class CompiledProgram:
         key = signature(args)
         bound = self._bound.get(key)
         if bound is None:
-            _, _, device, sizes = validate(self.program, args)
+            tensors, _, device, sizes = validate(self.program, args)
             bound = self._bind(sizes, device)
             self._bound[key] = bound
+            if device.type == "cuda":
+                self._register_fast(bound, [tensors[n] for n in self._tensor_names])
         else:
             for name in bound.tensor_names:
                 if args[name].data_ptr() % 16:
@@ -109,6 +130,34 @@ class CompiledProgram:
             launch.run(buffers, scalars, stream, bound.device)
         names = bound.keep if keep else bound.outputs
         return {n: buffers[n] for n in names}
+
+    def _call_fast(self, fast, args: dict, keep: bool) -> dict[str, torch.Tensor] | None:
+        """One call through the compiled launcher; None where the Python path must take it (an
+        argument it does not know, a signature not bound yet, a misaligned pointer, a bad value)."""
+        if not self._names.issuperset(args):
+            return None
+        try:
+            tensors = [args[n] for n in self._tensor_names]
+            scalars = [scalar_value(t, args.get(t.name)) for t in self._scalar_inputs]
+            index = tensors[0].get_device()
+            stream = _current_raw_stream(index) if index >= 0 else 0
+            plan, failed, rc, out = fast.run(tensors, scalars, stream, keep)
+        except (KeyError, AttributeError, TypeError, EpicError):
+            return None
+        if plan < 0:
+            return None
+        bound = self._fast_bound[plan]
+        if failed >= 0:
+            raise bound.launches[failed].library.launch_error(rc)
+        return dict(zip(bound.keep if keep else bound.outputs, out))
+
+    def _register_fast(self, bound: binding.Bound, tensors: list[torch.Tensor]) -> None:
+        with self._lock:
+            if self._fast is None:
+                self._fast = fastcall.launcher()
+            if self._fast is not None:
+                self._fast_bound[fastcall.register(self._fast, bound, tensors, self._tensor_names,
+                                                   [t.name for t in self._scalar_inputs])] = bound
 
     def _bind(self, sizes: dict[str, int], device) -> binding.Bound:
         plan = planner.make_plan(self.program, sizes, self.config)

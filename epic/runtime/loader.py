@@ -49,9 +49,17 @@ class KernelLibrary:
         f = scalars if isinstance(scalars, ctypes.Array) else (ctypes.c_float * max(1, len(scalars)))(*scalars)
         rc = self.lib.epic_launch(p, s, f, stream, workspace or None, workspace_bytes)
         if rc != 0:
-            what = _STATUS.get(rc, f"CUDA error {rc}" if self.info.get("kind") == "combine" else f"status {rc}")
-            raise EpicError(Diagnostic("E703", f"kernel '{self.info['kernel']}' did not launch: {what}", None,
-                                       f"library {self.path}"))
+            raise self.launch_error(rc)
+
+    @property
+    def launch_function(self):
+        """epic_launch itself, for the compiled call path (runtime/fastcall.py)."""
+        return self.lib.epic_launch
+
+    def launch_error(self, rc: int) -> EpicError:
+        what = _STATUS.get(rc, f"CUDA error {rc}" if self.info.get("kind") == "combine" else f"status {rc}")
+        return EpicError(Diagnostic("E703", f"kernel '{self.info['kernel']}' did not launch: {what}", None,
+                                    f"library {self.path}"))
 
 
 def load(path: Path, expect_ptrs: list[str]) -> KernelLibrary:

@@ -121,7 +121,14 @@ class HostLibrary:
         f = scalars if isinstance(scalars, ctypes.Array) else (ctypes.c_float * max(1, len(scalars)))(*scalars)
         rc = self.fns["epic_launch"](p, s, f, stream, workspace or None, workspace_bytes)
         if rc != 0:
-            raise AssertionError(f"host kernel {self.info.get('kernel')} ({self.name}) returned {rc}")
+            raise self.launch_error(rc)
+
+    @property
+    def launch_function(self):
+        return self.fns["epic_launch"]
+
+    def launch_error(self, rc: int) -> AssertionError:
+        return AssertionError(f"host kernel {self.info.get('kernel')} ({self.name}) returned {rc}")
 
 
 _BUILT: dict[str, HostLibrary] = {}     # source key -> library, for this process

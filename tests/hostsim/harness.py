@@ -146,6 +146,28 @@ def run(case: Case, inputs: dict, fill: int | None = None) -> dict[str, torch.Te
     return {b.name: buffers[b.name] for b in bound.allocations}
 
 
+def run_compiled(case: Case, inputs: dict, fast) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The case's kernels run through the compiled call path (runtime/fastcall.py, a Launcher
+    `fast`) on the host: (every buffer, by keep=True; the outputs, by keep=False). Its buffers are
+    not poisoned (at::empty): compare with run()'s."""
+    from epic.runtime import fastcall
+    libraries = compiler.build(case.sources)
+    bound = binding.bind(case.plan, list(zip(case.specs, libraries)), -1)
+    bound.device = torch.device("cpu")
+    program = case.program
+    names = [t.name for t in program.inputs() if not t.is_scalar]
+    scalar_inputs = [t for t in program.inputs() if t.is_scalar]
+    tensors = [_host_tensor(program.tensors[n], inputs[n]) for n in names]
+    plan = fastcall.register(fast, bound, tensors, names, [t.name for t in scalar_inputs])
+    scalars = [scalar_value(t, inputs.get(t.name)) for t in scalar_inputs]
+    results = []
+    for keep in (True, False):
+        got, failed, rc, out = fast.run(tensors, scalars, 0, keep)
+        assert (got, failed, rc) == (plan, -1, 0), (got, failed, rc)
+        results.append(dict(zip(bound.keep if keep else bound.outputs, out)))
+    return results[0], results[1]
+
+
 class _KernelByKernel(dict):
     """The `override` of Interpreter.run that checks kernel by kernel in one run: it hands the
     interpreter the host's value of each tensor a kernel stores -- so every later kernel sees exactly

@@ -1,0 +1,186 @@
+"""The compiled call path: templates/launcher.cpp, built once per torch, Python and compiler into the
+kernel cache, makes a call of a bound program one Python -> C++ transition (signature match,
+allocation with ATen, every kernel's epic_launch through its function pointer) instead of Python
+and ctypes work per tensor, buffer and launch.
+
+It is an optimization only: where it cannot be built (no C++ compiler, torch without its headers,
+EPIC_NO_BUILD and nothing cached) or EPIC_LAUNCHER=ctypes, calls take the ctypes path, with one
+warning saying why. The C++ side never decides that a call is wrong: anything that does not match a
+bound signature exactly goes back to the Python path, which validates and reports.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+from .. import envflags
+from ..diagnostics import Diagnostic, EpicError
+from . import build, cache
+
+SOURCE = Path(__file__).resolve().parent.parent / "templates" / "launcher.cpp"
+MODULE = "epic_launcher"            # PYBIND11_MODULE's name; cache.LAUNCHER_EXPORTS names its PyInit
+ABI = 1                             # the Launcher.add/run signature; the module states its own
+_DEVICE_TYPES = {"cpu": 0, "cuda": 1}   # c10::DeviceType
+
+_LOCK = threading.Lock()
+_STATE: dict = {"module": None, "why": None, "path": None}
+
+
+def mode() -> str:
+    """EPIC_LAUNCHER: "compiled" (the default) or "ctypes" (never build or use the launcher)."""
+    value = os.environ.get("EPIC_LAUNCHER", "").strip().lower() or "compiled"
+    if value not in ("compiled", "ctypes"):
+        raise EpicError(Diagnostic("E706", f"EPIC_LAUNCHER={os.environ.get('EPIC_LAUNCHER')!r} is neither "
+                                   "'compiled' nor 'ctypes'", None, "unset it, or set it to compiled or ctypes"))
+    return value
+
+
+def compiler() -> str | None:
+    exe = os.environ.get("CXX") or "c++"
+    return shutil.which(exe) or shutil.which("g++")
+
+
+def flags() -> list[str]:
+    """The compile and link flags (torch's include and library directories, its C++ ABI)."""
+    from torch.utils import cpp_extension
+    include = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+    libs = cpp_extension.library_paths()
+    return ["-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", f"-DTORCH_EXTENSION_NAME={MODULE}",
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", *[f"-I{d}" for d in include],
+            *[f"-L{d}" for d in libs], *[f"-Wl,-rpath,{d}" for d in libs],
+            "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+
+
+def library_path(exe: str) -> Path:
+    """The cache entry: keyed by the source, the flags, torch, Python and the compiler's version."""
+    h = hashlib.sha256()
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
+    for part in (SOURCE.read_text(), " ".join(flags()), torch.__version__, sys.version, version, str(ABI)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return cache.cache_dir() / h.hexdigest()[:24] / f"{MODULE}.so"
+
+
+def launcher():
+    """A new Launcher (one per compiled program), or None where the compiled call path is off or
+    unavailable (the first time, a warning says why)."""
+    module = _module()
+    return module.Launcher() if module is not None else None
+
+
+def library() -> Path | None:
+    """Build (or find) and load the launcher; its cache entry, or None (why_not() says why)."""
+    return _STATE["path"] if _module() is not None else None
+
+
+def why_not() -> str | None:
+    """Why the compiled call path is not in use, once it has been tried (None: it is)."""
+    return _STATE["why"]
+
+
+def _module():
+    if _STATE["module"] is not None or _STATE["why"] is not None:
+        return _STATE["module"]
+    with _LOCK:
+        if _STATE["module"] is None and _STATE["why"] is None:
+            try:
+                _STATE["module"] = _load()
+            except _Unavailable as e:
+                _STATE["why"] = str(e)
+                if mode() != "ctypes":
+                    warnings.warn(f"epic: calls take the ctypes path: {e}", RuntimeWarning, stacklevel=4)
+    return _STATE["module"]
+
+
+class _Unavailable(Exception):
+    pass
+
+
+def _load():
+    if mode() == "ctypes":
+        raise _Unavailable("EPIC_LAUNCHER=ctypes")
+    exe = compiler()
+    if exe is None:
+        raise _Unavailable("no C++ compiler to build the launcher (set CXX)")
+    try:
+        target = library_path(exe)
+        if cache.problem(target) is not None:
+            if envflags.enabled("EPIC_NO_BUILD"):
+                raise _Unavailable(f"the launcher is not in the cache ({target.parent}) and EPIC_NO_BUILD is set")
+            with cache.locked(target.parent, wait=build.nvcc_timeout() + 60):
+                if cache.problem(target) is not None:
+                    cache.discard(target)
+                    _compile(exe, target)
+        spec = importlib.util.spec_from_file_location(MODULE, target)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _STATE["path"] = target
+    except EpicError as e:
+        raise _Unavailable(e.diagnostics[0].message.splitlines()[0]) from None
+    except (OSError, ImportError, subprocess.SubprocessError) as e:
+        raise _Unavailable(f"the launcher cannot be built or loaded: {e}") from None
+    if getattr(module, "ABI", None) != ABI:
+        raise _Unavailable(f"the launcher module states ABI {getattr(module, 'ABI', None)}, epic expects {ABI}")
+    return module
+
+
+def _compile(exe: str, target: Path) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix=cache.TMP_PREFIX, dir=target.parent))
+    try:
+        out = tmp / target.name
+        cmd = [exe, str(SOURCE), "-o", str(out), *flags()]
+        r = build._run(cmd, build.nvcc_timeout(), env=dict(os.environ, TMPDIR=str(tmp)))
+        if r.returncode != 0:
+            log = target.with_suffix(".log")
+            log.write_text(" ".join(cmd) + "\n\n" + r.stdout + r.stderr)
+            raise _Unavailable(f"building the launcher failed (exit status {r.returncode}); the log is at {log}")
+        why = cache.commit(out, target, kind="launcher")
+        if why:
+            raise _Unavailable(f"the compiler's launcher is not a usable module: {why}")
+        (target.parent / "build.txt").write_text(" ".join(cmd) + "\n")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- registering a bound plan
+def register(fast, bound, tensors: list[torch.Tensor], tensor_names: list[str], scalar_names: list[str]) -> int:
+    """Hand a bound plan to a Launcher: the signature of these tensors (in tensor_names order), the
+    plan's buffers, and per launch its function pointer, pointer slots, sizes and scalars. Returns
+    the plan's id, which run() reports back."""
+    table = {n: i for i, n in enumerate(tensor_names)}
+    for j, b in enumerate(bound.allocations):
+        table[b.name] = len(tensor_names) + j
+    scalar_index = {n: i for i, n in enumerate(scalar_names)}
+    launches = bound.launches
+    device = torch.device(bound.device)
+    return fast.add(
+        _DEVICE_TYPES[device.type], device.index if device.index is not None else -1,
+        [torch.empty(0, dtype=x.dtype) for x in tensors], [list(x.shape) for x in tensors],
+        [list(x.stride()) for x in tensors],
+        [torch.empty(0, dtype=getattr(torch, b.torch_dtype)) for b in bound.allocations],
+        [list(b.shape) for b in bound.allocations],
+        [launch_address(l.library) for l in launches],
+        [[table[n] if n else -1 for n in l.pointer_tensors] for l in launches],
+        [list(l.dims) for l in launches],
+        [[0.0 if isinstance(v, str) else float(v) for v in l.scalars] for l in launches],
+        [[x for i, name in l.runtime_scalars for x in (i, scalar_index[name])] for l in launches],
+        [int(l.workspace) for l in launches],
+        [table[n] for n in bound.outputs], [table[n] for n in bound.keep])
+
+
+def launch_address(library) -> int:
+    """The address of a loaded library's epic_launch (runtime/loader.KernelLibrary, or anything with
+    the same interface that names it `launch_function`)."""
+    return ctypes.cast(library.launch_function, ctypes.c_void_p).value
