@@ -180,6 +180,29 @@ def _build_launcher() -> None:
         print(f"epic: note: calls will take the ctypes path: {fastcall.why_not()}", file=sys.stderr)
 
 
+def cmd_tune(args) -> int:
+    for flag, value, least in (("-k", args.candidates, 1), ("--reps", args.reps, 1), ("-j", args.jobs, 1)):
+        if value is not None and not least <= value <= 10_000:
+            raise error("E801", f"{flag} {value}: must be a whole number from {least} to 10000")
+    import torch
+    if not torch.cuda.is_available():
+        raise error("E703", "epic tune times kernels on a CUDA GPU, and none is available", None,
+                    "run it on the machine (the GPU type) the kernels will run on")
+    from pathlib import Path
+    from epic.tuning import tuner
+    analysis = pipeline.analyze(args.file, path=True)
+    sizes = _sizes(analysis.program, args.shape)
+    result = tuner.tune(args.file, sizes, limit=args.candidates, reps=args.reps, jobs=args.jobs,
+                        database_file=Path(args.db) if args.db else None)
+    print(f"tuned: {result.ms:.3f} ms (heuristic configuration {result.heuristic_ms:.3f} ms, "
+          f"{result.heuristic_ms / result.ms:.3f}x)")
+    for gemm, cfg in result.configs.items():
+        print(f"  {gemm}: " + ", ".join(f"{k}={'x'.join(map(str, v)) if isinstance(v, (tuple, list)) else v}"
+                                      for k, v in cfg.items()))
+    print(f"stored as {result.key}")
+    return 0
+
+
 def cmd_ops(args) -> int:
     from epic.ir import catalog
     print(catalog.markdown() if args.markdown else catalog.text())

@@ -19,6 +19,7 @@ COMMANDS = {
     "plan": "print the kernels, buffers and byte ledger of a program for given sizes",
     "compile": "write the generated CUDA (.cu) of every kernel of a program to a directory",
     "build": "compile a program's kernels with nvcc into the on-disk cache (no GPU needed)",
+    "tune": "time each gemm's legal configurations on the GPU and store the fastest (the tuning database)",
     "ops": "list the language's primitives and reduction functions (what each means, its C++ cost)",
     "cache": "show the kernel cache; --prune removes damaged entries and leftovers, --clean everything",
 }
@@ -70,6 +71,15 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("file", metavar="FILE")
     c.add_argument("--shape", help="sizes, to pick tile configurations (default: a large-M configuration)")
     c.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
+
+    c = sub.add_parser("tune", help=COMMANDS["tune"], description=COMMANDS["tune"])
+    c.add_argument("file", metavar="FILE")
+    c.add_argument("--shape", required=True, help="sizes of the program's dimensions, e.g. M=8192,D=4096")
+    c.add_argument("-k", "--candidates", type=int, default=6, help="configurations per gemm (default 6)")
+    c.add_argument("--reps", type=int, default=20, help="timed runs per configuration (default 20)")
+    c.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
+    c.add_argument("--db", metavar="FILE", help="the tuning database (default: $EPIC_TUNING, else tuning.json "
+                   "in the kernel cache)")
 
     c = sub.add_parser("ops", help=COMMANDS["ops"], description=COMMANDS["ops"])
     c.add_argument("--markdown", action="store_true", help="print the table docs/LANGUAGE.md holds")

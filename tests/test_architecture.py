@@ -29,6 +29,8 @@ LAYERS = [
     ("epic.plan", 7),
     ("epic.codegen", 8),
     ("epic.runtime", 9), ("epic.weights", 9), ("epic.distributed", 9),
+    ("epic.tuning.database", 9),            # what a call consults; the search itself runs calls:
+    ("epic.tuning", 10),
     ("epic", 10),
     ("epic_cli", 11),
 ]

@@ -12,12 +12,13 @@ import threading
 
 import torch
 
-from .. import pipeline, reference
+from .. import envflags, pipeline, reference
 from ..frontend import options
 from ..codegen import emit
 from ..diagnostics import EpicError, error
 from ..ir.core import Tensor
 from ..plan import planner
+from ..tuning import database
 from . import binding, build, custom_op, fastcall, loader
 from .validate import scalar_value, signature, validate
 
@@ -27,8 +28,24 @@ def compile(path_or_source: str, config: dict[str, dict] | None = None) -> "Comp
     lazily on the first call for a given row count (or ahead with CompiledProgram.build).
     config: per-gemm overrides, e.g. {"o_proj": {"tile": (128, 128, 64), "schedule": "cooperative"}}."""
     analysis = pipeline.analyze(path_or_source)
-    gemms = {k.name: k.span for k in analysis.program.kernels if k.kind == "gemm"}
-    return CompiledProgram(analysis, options.check_config(config, gemms))
+    return CompiledProgram(analysis, options.check_config(config, _gemms(analysis.program)))
+
+
+def _gemms(program) -> dict:
+    return {k.name: k.span for k in program.kernels if k.kind == "gemm"}
+
+
+def _gpu_name(device) -> str | None:
+    """The name of the GPU a call runs on (the tuning database's key), None without one or with
+    EPIC_NO_TUNING set."""
+    if envflags.enabled("EPIC_NO_TUNING"):
+        return None
+    if device is None:
+        if not torch.cuda.is_available():
+            return None
+        device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -74,7 +91,18 @@ class CompiledProgram:
     def outputs(self) -> list[Tensor]:
         return self.program.outputs()
 
-    def plan(self, sizes: dict[str, int]) -> planner.Plan:
+    def plan(self, sizes: dict[str, int], device=None) -> planner.Plan:
+        """The plan a call at these sizes on `device` (default: the current CUDA device, if any) runs:
+        the configuration the tuning database holds for that GPU (epic tune), under the program's
+        own config, else the heuristic's."""
+        gpu = _gpu_name(device)
+        tuned = database.lookup(self.program, sizes, gpu, _gemms(self.program)) if gpu else {}
+        if tuned:
+            merged = {g: {**tuned.get(g, {}), **self.config.get(g, {})} for g in {*tuned, *self.config}}
+            try:
+                return planner.make_plan(self.program, sizes, merged)
+            except EpicError as e:          # an entry the plan refuses (E216/E217): the heuristic's plan
+                database.ignored(f"a tuned configuration is refused ({e.diagnostics[0].message.splitlines()[0]})")
         return planner.make_plan(self.program, sizes, self.config)
 
     def units(self, sizes: dict[str, int] | None = None) -> list:
@@ -160,7 +188,7 @@ class CompiledProgram:
                                                    [t.name for t in self._scalar_inputs])] = bound
 
     def _bind(self, sizes: dict[str, int], device) -> binding.Bound:
-        plan = planner.make_plan(self.program, sizes, self.config)
+        plan = self.plan(sizes, device)
         key = tuple(sorted((k, str(c)) for k, c in plan.configs.items()))
         with self._lock:
             if key not in self._libraries:

@@ -1,0 +1,132 @@
+"""The tuning database: what `epic tune` measured best, per program, GPU, shape bucket and versions.
+
+A JSON file: $EPIC_TUNING if set, else tuning.json in the kernel cache directory. Users can ship one
+with their model (set EPIC_TUNING to it). An entry's key is
+
+    <program fingerprint>|<GPU name>|<shape bucket>|epic <version>|cutlass <version>
+
+where the fingerprint hashes the rewritten program's IR (so a changed program, or an epic whose
+passes rewrite it differently, never matches), and the bucket is the row count rounded up to a
+power of two with every other dimension exact (a model's weights fix them). The entry holds the
+per-gemm configuration (epic.compile's `config` dicts), the tuned and heuristic times and the date.
+
+The file is input from users: anything unreadable or malformed is reported once as a warning and
+ignored (entry by entry), never a crash; entries are re-checked like a call's config before use.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+from .. import sizes as sizes_mod
+from ..diagnostics import EpicError
+from ..frontend import options
+from ..ir import dump
+
+VERSION = 1
+_WARNED: set[str] = set()
+_LOCK = threading.Lock()
+
+
+def path() -> Path:
+    env = os.environ.get("EPIC_TUNING", "").strip()
+    if env:
+        return Path(env)
+    from ..runtime.cache import cache_dir
+    return cache_dir() / "tuning.json"
+
+
+def fingerprint(program) -> str:
+    return hashlib.sha256(dump.to_text(program).encode()).hexdigest()[:16]
+
+
+def bucket(program, sizes: dict[str, int]) -> str:
+    rows = next(k.rows for k in program.kernels)
+    m = sizes_mod.evaluate(rows, sizes)
+    others = ",".join(f"{d}={sizes[d]}" for d in sorted(sizes) if d not in rows.names)
+    return f"M<={1 << max(0, (m - 1).bit_length())}" + (f",{others}" if others else "")
+
+
+def versions() -> str:
+    from ..runtime.build import cutlass_paths
+    from ..version import __version__
+    try:
+        cutlass = cutlass_paths()[0]
+    except EpicError:
+        cutlass = "none"
+    return f"epic {__version__}|cutlass {cutlass}"
+
+
+def key(program, sizes: dict[str, int], gpu: str) -> str:
+    return f"{fingerprint(program)}|{gpu}|{bucket(program, sizes)}|{versions()}"
+
+
+def ignored(why: str) -> None:
+    """Say (once) that the database was not used for a call, and why."""
+    _warn(f"{why}; the heuristic's configuration is used")
+
+
+def _warn(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(f"epic: tuning database: {message}", RuntimeWarning, stacklevel=3)
+
+
+def load(file: Path | None = None) -> dict:
+    """The entries of the database ({} if there is none, or it cannot be read: a warning says why)."""
+    file = file or path()
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        _warn(f"{file} cannot be read ({e}); ignored")
+        return {}
+    if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("entries"), dict):
+        _warn(f"{file} is not an epic tuning database of version {VERSION}; ignored")
+        return {}
+    return data["entries"]
+
+
+def lookup(program, sizes: dict[str, int], gpu: str, gemms: dict, file: Path | None = None) -> dict[str, dict]:
+    """The tuned per-gemm configuration for this program, sizes and GPU ({} if none). gemms: name ->
+    span, for the same checks a call's config gets; a malformed entry warns and is ignored."""
+    entries = load(file)
+    if not entries:
+        return {}
+    k = key(program, sizes, gpu)
+    entry = entries.get(k)
+    if entry is None:
+        return {}
+    try:
+        configs = entry["configs"]
+        return options.check_config({g: dict(c) for g, c in configs.items()}, gemms)
+    except (EpicError, KeyError, TypeError, ValueError, AttributeError) as e:
+        _warn(f"the entry {k!r} of {file or path()} is not usable ({str(e).splitlines()[0]}); ignored")
+        return {}
+
+
+def store(program, sizes: dict[str, int], gpu: str, entry: dict, file: Path | None = None) -> str:
+    """Add or replace the entry for this program, sizes and GPU; the file is replaced atomically
+    (a reader sees the old or the new database, never half of one). Returns the key."""
+    file = file or path()
+    k = key(program, sizes, gpu)
+    with _LOCK:
+        entries = load(file)
+        entries[k] = entry
+        file.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=file.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"version": VERSION, "entries": entries}, f, indent=1, sort_keys=True)
+                f.write("\n")
+            os.replace(tmp, file)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return k

@@ -1,0 +1,77 @@
+"""The configurations `epic tune` tries for one gemm, best guess first.
+
+Everything CUTLASS's sm90 kernels accept that the plan accepts for this gemm (shared memory, block
+sizes: epic.plan.config.choose decides, so a candidate is legal exactly when the plan would build
+it), ranked by a cost model of the tile grid: the fraction of computed elements that are inside the
+matrix (ragged edges), the fraction of the last wave's SMs that have work, and the tile's operand
+reuse (a 128x256 tile loads 3/8 of the bytes per flop a 64x64 one does). Launch-time options
+(swizzle, raster) do not change the built kernel; they are tried on the best tiles only.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+from ..diagnostics import EpicError
+from ..ir import options as vocab
+from ..plan import config as config_mod
+
+SMS = 132          # H100/H200 SXM
+
+TILES = {"pingpong": [(64, 64, 64), (64, 128, 64), (64, 256, 64), (128, 128, 64), (128, 192, 64)],
+         "cooperative": [(128, 128, 64), (128, 192, 64), (128, 256, 64), (256, 128, 64)]}
+CLUSTERS = [(1, 1), (2, 1), (1, 2)]
+
+
+def score(cfg: config_mod.KernelConfig, m: int, n: int) -> float:
+    """Higher is better: useful fraction of the tile grid x last-wave occupancy x operand reuse."""
+    tm, tn = cfg.tile_m, cfg.tile_n
+    tiles = math.ceil(m / tm) * math.ceil(n / tn)
+    useful = m * n / (tiles * tm * tn)
+    waves = math.ceil(tiles / SMS)
+    occupancy = tiles / (waves * SMS)
+    reuse = (tm * tn / (tm + tn)) / (128 * 256 / (128 + 256))
+    return useful * occupancy * min(1.0, reuse) ** 0.5
+
+
+def override(cfg: config_mod.KernelConfig) -> dict:
+    """The per-gemm config dict (epic.compile's `config`) that makes the plan choose cfg."""
+    out = {"schedule": cfg.schedule, "tile": tuple(cfg.tile), "cluster": tuple(cfg.cluster),
+           "swizzle": cfg.swizzle, "raster": cfg.raster}
+    if cfg.epi_tile:
+        out["epi_tile"] = tuple(cfg.epi_tile)
+    if cfg.aux_load != "tma":
+        out["aux_load"] = cfg.aux_load
+    return out
+
+
+def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6) -> list[config_mod.KernelConfig]:
+    """Up to `limit` configurations of this gemm, then swizzle 1/8 of the first two: the heuristic's
+    first; then one per (schedule, tile), best-ranked first, at the heuristic's cluster where legal;
+    then the other clusters of the best tiles (the cost model cannot tell clusters apart)."""
+    first = config_mod.choose(kernel, m, None, tensors)
+    groups: dict[tuple, list[config_mod.KernelConfig]] = {}
+    for schedule, cluster in itertools.product(vocab.SCHEDULES, CLUSTERS):
+        for tile in TILES[schedule]:
+            try:
+                cfg = config_mod.choose(kernel, m, {"schedule": schedule, "tile": tile, "cluster": cluster,
+                                                    "swizzle": first.swizzle}, tensors)
+            except EpicError:          # shared memory, a block wider than the tile, ...
+                continue
+            group = groups.setdefault((cfg.schedule, cfg.tile), [])
+            if all(c.key() != cfg.key() for c in group):
+                group.append(cfg)
+    for group in groups.values():      # the heuristic's cluster first, then 1x1, 2x1, 1x2
+        group.sort(key=lambda c: (c.cluster != first.cluster, CLUSTERS.index(c.cluster)))
+    ranked = sorted(groups.values(), key=lambda g: (-score(g[0], m, n), g[0].key()))
+    out = [first]
+    for group in ranked + [g[1:] for g in ranked]:
+        for cfg in group[:1] if group in ranked else group:
+            if len(out) < limit and all(c.key() != cfg.key() for c in out):
+                out.append(cfg)
+    for cfg in out[:2]:
+        other = config_mod.KernelConfig(cfg.schedule, cfg.tile, cfg.cluster, cfg.aux_load, cfg.epi_tile,
+                                        1 if cfg.swizzle == 8 else 8, cfg.raster)
+        if other not in out:
+            out.append(other)
+    return out

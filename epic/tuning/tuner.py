@@ -1,0 +1,135 @@
+"""`epic tune FILE --shape ...`: search each gemm's configuration on the GPU and store the winners.
+
+Gemm by gemm, in program order (a chain's later gemms are tuned with the earlier ones' winners in
+place): the candidates of tuning/space.py are built all at once (parallel nvcc), then each is timed
+as the whole program's call (so a configuration that makes a combine kernel slower loses) on the
+same random inputs. A candidate that cannot be built or launched is reported and skipped. The
+result goes to the tuning database, which epic.compile consults from then on.
+"""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+
+from .. import pipeline, reference, sizes as sizes_mod
+from ..codegen import emit
+from ..diagnostics import EpicError
+from ..plan import planner
+from ..runtime import build
+from . import database, measure, space
+
+
+@dataclass
+class Trial:
+    gemm: str
+    config: str                  # str(KernelConfig)
+    override: dict
+    ms: float | None = None
+    why: str | None = None       # why it was not timed
+    units: list = field(default_factory=list, repr=False)
+
+
+@dataclass
+class Result:
+    key: str
+    configs: dict[str, dict]
+    ms: float
+    heuristic_ms: float
+    trials: list[Trial] = field(default_factory=list)
+
+
+def device_inputs(program, sizes: dict[str, int], seed: int = 0) -> dict:
+    """Random inputs on the GPU, laid out as the program reads them (K-major B operands)."""
+    out = {}
+    for name, x in reference.random_inputs(program, sizes, seed).items():
+        t = program.tensors[name]
+        if t.is_scalar:
+            out[name] = float(x)
+            continue
+        if t.layout == "kmajor":
+            x = x.t().contiguous().t()
+        out[name] = x.cuda()
+    return out
+
+
+def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int = 20, jobs: int | None = None,
+         database_file=None, gpu: str | None = None, timer=None, builder=None, report=print) -> Result:
+    """Tune every gemm of a program at these sizes; stores and returns the result.
+    timer(prog, inputs) -> ms and builder(units) exist for tests; by default the GPU times the call."""
+    import torch
+    from ..runtime.compiled import CompiledProgram
+    analysis = pipeline.analyze(path_or_source)
+    program = analysis.program
+    planner.make_plan(program, sizes)                                  # the sizes are legal at all
+    gpu = gpu or torch.cuda.get_device_name()
+    timer = timer or _time_on_gpu
+    builder = builder or (lambda units: build.build_all(units, jobs))
+    inputs = device_inputs(analysis.source_program, sizes) if timer is _time_on_gpu else {}
+    m = sizes_mod.evaluate(next(k.rows for k in program.kernels), sizes)
+    best: dict[str, dict] = {}
+    trials: list[Trial] = []
+    heuristic_ms = None
+    for kernel in [k for k in program.kernels if k.kind == "gemm"]:
+        n = sizes_mod.evaluate(kernel.n, sizes)
+        round_trials = []
+        for cfg in space.candidates(kernel, program.tensors, m, n, limit):
+            trial = Trial(kernel.name, str(cfg), space.override(cfg))
+            configs = {**best, kernel.name: trial.override}
+            try:
+                plan = planner.make_plan(program, sizes, configs)
+                trial.units = [u for _, u in emit.units(program, plan.configs)]
+            except EpicError as e:
+                trial.why = e.diagnostics[0].message.splitlines()[0]
+            round_trials.append(trial)
+        units = {u.name + u.source: u for t in round_trials if t.why is None for u in t.units}
+        report(f"{kernel.name}: building {len(units)} kernel(s) for {len(round_trials)} configuration(s)")
+        _build_each(builder, round_trials)
+        for trial in round_trials:
+            if trial.why is None:
+                try:
+                    prog = CompiledProgram(analysis, {**best, kernel.name: trial.override})
+                    trial.ms = timer(prog, inputs)
+                except EpicError as e:
+                    trial.why = e.diagnostics[0].message.splitlines()[0]
+            report(f"  {trial.config:<48} " + (f"{trial.ms:8.3f} ms" if trial.ms is not None else f"skipped: {trial.why}"))
+            trial.units = []
+        trials += round_trials
+        timed = [t for t in round_trials if t.ms is not None]
+        if not timed:
+            raise EpicError(_no_candidate(kernel.name, round_trials))
+        if heuristic_ms is None:
+            heuristic_ms = round_trials[0].ms       # every gemm at the heuristic's configuration, if it ran
+        winner = min(timed, key=lambda t: t.ms)
+        best[kernel.name] = winner.override
+        ms = winner.ms
+        report(f"  -> {winner.config}")
+    entry = {"configs": best, "ms": round(ms, 4), "heuristic_ms": round(heuristic_ms or ms, 4),
+             "measured": datetime.date.today().isoformat(), "sizes": dict(sizes), "candidates": len(trials)}
+    key = database.store(program, sizes, gpu, entry, database_file)
+    return Result(key, best, ms, heuristic_ms or ms, trials)
+
+
+def _build_each(builder, trials: list[Trial]) -> None:
+    """Build every trial's kernels in one parallel run; if that fails, trial by trial, so one
+    configuration nvcc refuses (E217: too little shared memory) only skips itself."""
+    todo = [t for t in trials if t.why is None]
+    try:
+        builder([u for t in todo for u in t.units])
+        return
+    except EpicError:
+        pass
+    for t in todo:
+        try:
+            builder(t.units)
+        except EpicError as e:
+            t.why = e.diagnostics[0].message.splitlines()[0]
+
+
+def _no_candidate(gemm: str, trials: list[Trial]):
+    from ..diagnostics import Diagnostic
+    why = "; ".join(f"{t.config}: {t.why}" for t in trials[:3])
+    return Diagnostic("E707", f"no configuration of gemm '{gemm}' could be built and timed ({why})")
+
+
+def _time_on_gpu(prog, inputs: dict) -> float:
+    return measure.median_ms(lambda: prog(**inputs))

@@ -1,0 +1,246 @@
+"""`epic tune` without a GPU: the search space, the tuning database, the search (with a timer and
+a builder standing in for the GPU and nvcc), and epic.compile consulting the database. The GPU run
+of the real thing is in docs/PERFORMANCE.md."""
+import json
+import warnings
+
+import pytest
+
+import epic
+from epic.diagnostics import Diagnostic, EpicError
+from epic.plan import config as config_mod, planner
+from epic.runtime import compiled as compiled_mod
+from epic.tuning import database, space, tuner
+
+from .conftest import ROOT
+
+RESID = str(ROOT / "samples" / "residual_rmsnorm.epi")
+MLP = str(ROOT / "samples" / "prenorm_mlp.epi")
+QUANT = str(ROOT / "samples" / "fp8_block_quant.epi")
+
+
+def gemm(path):
+    prog = epic.compile(path)
+    return prog, next(k for k in prog.program.kernels if k.kind == "gemm")
+
+
+# ---------------------------------------------------------------- the search space
+@pytest.mark.parametrize("path,sizes", [(RESID, dict(M=8192, D=4096)), (RESID, dict(M=77, D=392)),
+                                        (QUANT, dict(M=8192, D=4096, N=14336)), (MLP, dict(M=300, D=4096, F=14336))])
+def test_candidates_are_legal_distinct_and_start_with_the_heuristic(path, sizes):
+    prog, k = gemm(path)
+    m, n = sizes["M"], planner.sizes_mod.evaluate(k.n, sizes)
+    found = space.candidates(k, prog.program.tensors, m, n, limit=6)
+    assert found[0] == config_mod.choose(k, m, None, prog.program.tensors)
+    assert 2 <= len(found) <= 8 and len(set(found)) == len(found)
+    assert len({c.key() for c in found[:6]}) == min(6, len(found[:6]))       # distinct built kernels first
+    for cfg in found:                  # the plan accepts each as an override and picks exactly it
+        plan = planner.make_plan(prog.program, sizes, {k.name: space.override(cfg)})
+        assert plan.configs[k.name] == cfg
+
+
+def test_block_quantization_only_gets_tiles_its_blocks_divide():
+    prog, k = gemm(QUANT)
+    for cfg in space.candidates(k, prog.program.tensors, 8192, 14336, limit=20):
+        assert all(cfg.tile_n % b == 0 for b in config_mod.block_sizes(k))
+
+
+def test_the_cost_model_prefers_full_waves_and_big_tiles():
+    coop = lambda tm, tn: config_mod.KernelConfig("cooperative", (tm, tn, 64), (1, 1))   # noqa: E731
+    ping = lambda tm, tn: config_mod.KernelConfig("pingpong", (tm, tn, 64), (1, 1))      # noqa: E731
+    assert space.score(coop(128, 256), 8192, 4096) > space.score(ping(64, 64), 8192, 4096)      # reuse
+    # M = 100: a 128-row tile computes 28% padding, a 64-row one 22% (2 tiles of 64)
+    assert space.score(ping(64, 128), 100, 4096) > space.score(ping(128, 128), 100, 4096)
+    # 133 tiles on 132 SMs leave the second wave almost empty
+    assert space.score(coop(128, 128), 128 * 133, 128) < space.score(coop(128, 128), 128 * 132, 128)
+    assert space.score(coop(128, 256), 128 * 132, 256) == pytest.approx(1.0)     # one full wave, no padding
+    assert space.score(coop(128, 256), 128, 256) == pytest.approx(1 / 132)      # one tile: 131 SMs idle
+
+
+# ---------------------------------------------------------------- the database
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    monkeypatch.setattr(database, "_WARNED", set())
+    return tmp_path / "tuning.json"
+
+
+def test_the_key_names_program_gpu_bucket_and_versions():
+    prog, _ = gemm(RESID)
+    k = database.key(prog.program, dict(M=100, D=392), "NVIDIA H200")
+    fp, gpu, bucket, epic_v, cutlass_v = k.split("|")
+    assert gpu == "NVIDIA H200" and bucket == "M<=128,D=392"
+    assert epic_v.startswith("epic ") and cutlass_v.startswith("cutlass ")
+    assert database.bucket(prog.program, dict(M=128, D=392)) == "M<=128,D=392"
+    assert database.bucket(prog.program, dict(M=129, D=392)) == "M<=256,D=392"
+    assert database.bucket(prog.program, dict(M=1, D=392)) == "M<=1,D=392"
+    other = epic.compile(RESID.replace("residual_rmsnorm", "bias_gelu")).program
+    assert database.fingerprint(other) != fp and database.fingerprint(prog.program) == fp
+
+
+def test_store_and_lookup(db):
+    prog, k = gemm(RESID)
+    sizes = dict(M=8192, D=4096)
+    cfg = {"schedule": "pingpong", "tile": (128, 128, 64), "cluster": (1, 1), "swizzle": 8, "raster": "heuristic"}
+    database.store(prog.program, sizes, "GPU-A", {"configs": {k.name: cfg}, "ms": 1.0}, db)
+    gemms = {k.name: None}
+    assert database.lookup(prog.program, sizes, "GPU-A", gemms, db) == {k.name: cfg}
+    assert database.lookup(prog.program, dict(M=5000, D=4096), "GPU-A", gemms, db) == {k.name: cfg}   # same bucket
+    assert database.lookup(prog.program, dict(M=64, D=4096), "GPU-A", gemms, db) == {}
+    assert database.lookup(prog.program, sizes, "GPU-B", gemms, db) == {}
+    assert [p.name for p in db.parent.iterdir()] == ["tuning.json"]            # no temporaries left
+    data = json.loads(db.read_text())
+    assert data["version"] == database.VERSION and len(data["entries"]) == 1
+
+
+@pytest.mark.parametrize("text,why", [("{not json", "cannot be read"), ('{"version": 99, "entries": {}}', "version"),
+                                      ("[]", "version"), (b"\xff\xfe", "cannot be read")])
+def test_an_unreadable_database_warns_and_is_ignored(db, text, why):
+    db.write_bytes(text if isinstance(text, bytes) else text.encode())
+    prog, k = gemm(RESID)
+    with pytest.warns(RuntimeWarning, match=why):
+        assert database.lookup(prog.program, dict(M=64, D=4096), "GPU-A", {k.name: None}, db) == {}
+
+
+@pytest.mark.parametrize("configs", [{"g": {"tile": (128, 128, 64)}}, {"o_proj": {"tile": (100, 128, 64)}},
+                                     {"o_proj": {"nonsense": 1}}, {"o_proj": "fast"}, "all of them"])
+def test_a_malformed_entry_warns_and_is_ignored(db, configs):
+    prog, k = gemm(RESID)
+    sizes = dict(M=64, D=4096)
+    database.store(prog.program, sizes, "GPU-A", {"configs": configs}, db)
+    with pytest.warns(RuntimeWarning, match="not usable"):
+        assert database.lookup(prog.program, sizes, "GPU-A", {k.name: None}, db) == {}
+
+
+def test_epic_tuning_names_the_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("EPIC_TUNING", str(tmp_path / "model.json"))
+    assert database.path() == tmp_path / "model.json"
+    monkeypatch.delenv("EPIC_TUNING")
+    monkeypatch.setenv("EPIC_CACHE_DIR", str(tmp_path / "cache"))
+    assert database.path() == tmp_path / "cache" / "tuning.json"
+
+
+# ---------------------------------------------------------------- compile consults it
+def test_a_call_plans_with_the_tuned_configuration_under_the_programs_own(db, monkeypatch):
+    monkeypatch.setenv("EPIC_TUNING", str(db))
+    monkeypatch.setattr(compiled_mod.torch.cuda, "get_device_name", lambda device=None: "GPU-A")
+    prog, k = gemm(RESID)
+    sizes = dict(M=8192, D=4096)
+    tuned = {"schedule": "pingpong", "tile": (128, 128, 64), "cluster": (1, 2), "swizzle": 1, "raster": "m"}
+    database.store(prog.program, sizes, "GPU-A", {"configs": {k.name: tuned}}, db)
+    cfg = prog.plan(sizes, device="cuda:0").configs[k.name]
+    assert (cfg.schedule, cfg.tile, cfg.cluster, cfg.swizzle, cfg.raster) == ("pingpong", (128, 128, 64), (1, 2), 1, "m")
+    mine = epic.compile(RESID, {k.name: {"cluster": (2, 1)}})            # the program's own config wins, per option
+    cfg = mine.plan(sizes, device="cuda:0").configs[k.name]
+    assert cfg.cluster == (2, 1) and cfg.tile == (128, 128, 64)
+    heuristic = config_mod.choose(k, 8192, None, prog.program.tensors)
+    assert prog.plan(sizes, device="cpu").configs[k.name] == heuristic
+    monkeypatch.setenv("EPIC_NO_TUNING", "1")
+    assert prog.plan(sizes, device="cuda:0").configs[k.name] == heuristic
+
+
+def test_without_a_gpu_nothing_is_looked_up(db, monkeypatch):
+    monkeypatch.setenv("EPIC_TUNING", str(db))
+    db.write_text("{broken")                  # would warn if it were read
+    prog, k = gemm(RESID)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert prog.plan(dict(M=8192, D=4096), device="cpu").configs[k.name] == \
+            config_mod.choose(k, 8192, None, prog.program.tensors)
+
+
+def test_a_tuned_configuration_the_plan_refuses_warns_and_falls_back(db, monkeypatch):
+    monkeypatch.setenv("EPIC_TUNING", str(db))
+    monkeypatch.setattr(compiled_mod.torch.cuda, "get_device_name", lambda device=None: "GPU-A")
+    prog, k = gemm(QUANT)
+    sizes = dict(M=8192, D=4096, N=14336)
+    database.store(prog.program, sizes, "GPU-A", {"configs": {k.name: {"tile": (128, 64, 64)}}}, db)   # 1x128 blocks
+    with pytest.warns(RuntimeWarning, match="refused"):
+        cfg = prog.plan(sizes, device="cuda:0").configs[k.name]
+    assert cfg == config_mod.choose(k, 8192, None, prog.program.tensors)
+
+
+# ---------------------------------------------------------------- the search
+class FakeGPU:
+    """Times a program by its configurations: a table of ms per (gemm, tile), 9 ms otherwise."""
+
+    def __init__(self, table):
+        self.table, self.seen = table, []
+
+    def __call__(self, prog, inputs):
+        plan = prog.plan(prog_sizes[0])
+        self.seen.append({g: (c.schedule, c.tile) for g, c in plan.configs.items()})
+        return sum(self.table.get((g, c.schedule, c.tile), 9.0) for g, c in plan.configs.items())
+
+
+prog_sizes = [None]
+
+
+def test_tune_keeps_the_fastest_and_stores_it(db, monkeypatch):
+    monkeypatch.setenv("EPIC_NO_TUNING", "1")          # the fake times the plan the candidate's config gives
+    sizes = dict(M=8192, D=4096)
+    prog_sizes[0] = sizes
+    built = []
+    fake = FakeGPU({("o_proj", "pingpong", (128, 128, 64)): 1.5, ("o_proj", "cooperative", (128, 256, 64)): 2.0})
+    lines = []
+    result = tuner.tune(RESID, sizes, limit=12, database_file=db, gpu="GPU-A", timer=fake,
+                        builder=built.append, report=lines.append)
+    assert result.configs["o_proj"]["tile"] == (128, 128, 64) and result.configs["o_proj"]["schedule"] == "pingpong"
+    assert result.ms == 1.5 and result.heuristic_ms == 2.0
+    assert len(built) == 1 and len(built[0]) >= 3                        # one parallel build of every candidate
+    assert any("-> pingpong 128x128x64" in line for line in lines)
+    prog, k = gemm(RESID)
+    assert database.lookup(prog.program, sizes, "GPU-A", {k.name: None}, db)["o_proj"]["tile"] == (128, 128, 64)
+
+
+def test_a_chain_is_tuned_gemm_by_gemm_with_earlier_winners_in_place(db, monkeypatch):
+    monkeypatch.setenv("EPIC_NO_TUNING", "1")
+    sizes = dict(M=8192, D=4096, F=14336)
+    prog_sizes[0] = sizes
+    prog = epic.compile(MLP)
+    k1, k2 = [k for k in prog.program.kernels if k.kind == "gemm"][:2]
+    fast = space.candidates(k1, prog.program.tensors, 8192, planner.sizes_mod.evaluate(k1.n, sizes), 4)[2]
+    fake = FakeGPU({(k1.name, fast.schedule, fast.tile): 1.0})
+    result = tuner.tune(MLP, sizes, limit=4, database_file=db, gpu="GPU-A", timer=fake, builder=lambda u: None,
+                        report=lambda s: None)
+    assert result.configs[k1.name]["tile"] == fast.tile and result.configs[k1.name]["schedule"] == fast.schedule
+    later = [s for s in fake.seen if s[k2.name] != fake.seen[0][k2.name]]
+    assert later and all(s[k1.name] == (fast.schedule, fast.tile) for s in later)
+
+
+def test_a_configuration_that_does_not_build_is_skipped(db, monkeypatch):
+    monkeypatch.setenv("EPIC_NO_TUNING", "1")
+    sizes = dict(M=8192, D=4096)
+    prog_sizes[0] = sizes
+
+    def builder(units):
+        if any("coop_128x256" in u.name for u in units):
+            raise EpicError(Diagnostic("E217", "too little shared memory"))
+
+    lines = []
+    result = tuner.tune(RESID, sizes, limit=4, database_file=db, gpu="GPU-A", timer=FakeGPU({}), builder=builder,
+                        report=lines.append)
+    skipped = [t for t in result.trials if t.why]
+    assert skipped and all("coop" in t.config and "128x256" in t.config for t in skipped)
+    assert any("skipped: too little shared memory" in line for line in lines)
+    assert result.configs["o_proj"]["tile"] != (128, 256, 64)
+
+
+def test_no_configuration_at_all_is_e707(db, monkeypatch):
+    monkeypatch.setenv("EPIC_NO_TUNING", "1")
+
+    def builder(units):
+        raise EpicError(Diagnostic("E705", "nvcc not found"))
+
+    with pytest.raises(EpicError) as e:
+        tuner.tune(RESID, dict(M=64, D=4096), limit=3, database_file=db, gpu="GPU-A", timer=FakeGPU({}),
+                   builder=builder, report=lambda s: None)
+    assert e.value.codes == ["E707"] and "o_proj" in str(e.value) and "nvcc not found" in str(e.value)
+    assert not db.exists()
+
+
+def test_epic_tune_without_a_gpu_is_e703_and_bad_counts_e801(tmp_path, capsys):
+    from epic_cli.main import main
+    assert main(["tune", RESID, "--shape", "M=64,D=4096"]) == 2
+    assert "E703" in capsys.readouterr().err
+    assert main(["tune", RESID, "--shape", "M=64,D=4096", "-k", "0"]) == 2
+    assert "E801" in capsys.readouterr().err
