@@ -111,6 +111,17 @@ def test_a_malformed_entry_warns_and_is_ignored(db, configs):
         assert database.lookup(prog.program, sizes, "GPU-A", {k.name: None}, db) == {}
 
 
+@pytest.mark.parametrize("where", ["a directory", "under a file"])
+def test_a_database_that_cannot_be_written_is_e704(tmp_path, where):
+    prog, k = gemm(RESID)
+    target = tmp_path if where == "a directory" else tmp_path / "file" / "tuning.json"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(EpicError) as e:
+        database.store(prog.program, dict(M=64, D=4096), "GPU-A", {"configs": {}}, target)
+    assert e.value.codes == ["E704"] and "cannot be written" in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]         # no temporary left behind
+
+
 def test_epic_tuning_names_the_file(tmp_path, monkeypatch):
     monkeypatch.setenv("EPIC_TUNING", str(tmp_path / "model.json"))
     assert database.path() == tmp_path / "model.json"

@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 
 from .. import sizes as sizes_mod
-from ..diagnostics import EpicError
+from ..diagnostics import Diagnostic, EpicError
 from ..frontend import options
 from ..ir import dump
 
@@ -119,14 +119,18 @@ def store(program, sizes: dict[str, int], gpu: str, entry: dict, file: Path | No
     with _LOCK:
         entries = load(file)
         entries[k] = entry
-        file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=file.parent)
+        tmp = None
         try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=file.parent)
             with os.fdopen(fd, "w") as f:
                 json.dump({"version": VERSION, "entries": entries}, f, indent=1, sort_keys=True)
                 f.write("\n")
             os.replace(tmp, file)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        except OSError as e:
+            raise EpicError(Diagnostic("E704", f"the tuning database {file} cannot be written: {e.strerror or e}",
+                                       None, "pass a writable file with --db (or EPIC_TUNING)")) from None
+        finally:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
     return k
