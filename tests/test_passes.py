@@ -1,6 +1,8 @@
 """The rewrite passes: each canonicalization rule with the IR before and after, row-scale deferral
 for rmsnorm and hand-written RMSNorm in any operand order, reduction splitting, and equivalence of
 every sample's rewritten plan with its source on the oracle."""
+import zlib
+
 import pytest
 
 from epic import pipeline, reference
@@ -125,7 +127,7 @@ def test_column_reductions_get_their_own_combine():
 def test_every_sample_rewrites_equivalently(path, tiles):
     a = pipeline.analyze(str(path))
     sizes = {d: v for d, v in dict(M=77, K=40, N=384, D=136, F=200, V=300, E=48, H=3, Dh=66).items() if d in a.source_program.dims}
-    inputs = reference.random_inputs(a.source_program, sizes, seed=hash(path.stem) % 1000)
+    inputs = reference.random_inputs(a.source_program, sizes, seed=zlib.crc32(path.stem.encode()) % 1000)
     errors = verify.equivalence(a, inputs, sizes, {k.name: tiles for k in a.program.kernels})
     assert errors and max(errors.values()) <= 1e-12, errors
 

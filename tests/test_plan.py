@@ -211,7 +211,8 @@ def test_render_line_by_line():
     buf = lines.index("buffers:")
     assert lines[buf + 1].split() == ["x", "input", "bfloat16[4,", "8]", "64", "B", "written", "by", "caller;",
                                       "read", "by", "g"]
-    assert lines[buf + 4].split() == ["y", "out", "bfloat16[4,", "16]", "128", "B", "written", "by", "g;",
+    assert lines[buf + 3].split() == ["K-major", "(column-major", "[K,", "N])"]     # how to pass w
+    assert lines[buf + 5].split() == ["y", "out", "bfloat16[4,", "16]", "128", "B", "written", "by", "g;",
                                       "read", "by", "-"]
     fused = lines.index("byte ledger, fused (this plan):")
     assert lines[fused + 1].split() == ["kernel", "read", "written", "detail"]

@@ -175,6 +175,8 @@ def render(plan: Plan, source: Program) -> str:
             continue
         out.append(f"  {b.name:<28} {b.role:<7} {b.torch_dtype}[{', '.join(map(str, b.shape))}]".ljust(64)
                    + f" {b.nbytes:>14,} B  written by {b.writer or 'caller'}; read by {', '.join(b.readers) or '-'}")
+        if b.layout not in ("row-major", "scalar"):     # why its shape is not the math's, or how to pass it
+            out.append(f"  {'':<28} {b.layout}")
     fused = fused_rows(plan)
     unfused = unfused_rows(source, plan.sizes)
     out.append("")
