@@ -36,12 +36,23 @@ case "${1:-}" in
     DIR=${EPIC_MUTATION_DIR:-/tmp/epic-mutation}
     rm -rf "$DIR" && mkdir -p "$DIR"
     git archive HEAD | tar -x -C "$DIR"
+    MM="$PWD/$VENV/bin/mutmut"
     # one torch thread: mutmut forks per mutant, and a forked torch thread pool crashes (a false "segfault")
-    (cd "$DIR" && OMP_NUM_THREADS=1 "$OLDPWD/$VENV/bin/mutmut" run --max-children "$(nproc)" "$@" >/dev/null 2>&1 || true
-     "$OLDPWD/$VENV/bin/mutmut" results --all true | tests/mutation/score.py)
+    export OMP_NUM_THREADS=1
+    if [ "${1:-}" = "--sample" ]; then
+      # a uniform random sample of all mutants (tests/mutation/README.md): N mutants, fixed seed
+      N=${2:-800}; SEED=${3:-2026}
+      (cd "$DIR" && "$MM" run --max-children "$(nproc)" epic.layouts.x_packed_int4_shape__mutmut_1 >/dev/null 2>&1 || true
+       "$MM" results --all true | tests/mutation/sample.py "$N" "$SEED" > sample.txt
+       "$MM" run --max-children "$(nproc)" $(cat sample.txt) >/dev/null 2>&1 || true
+       "$MM" results --all true | tests/mutation/score.py --only sample.txt)
+    else
+      (cd "$DIR" && "$MM" run --max-children "$(nproc)" "$@" >/dev/null 2>&1 || true
+       "$MM" results --all true | tests/mutation/score.py)
+    fi
     ;;
   *)
-    echo "usage: ./dev.sh setup | ./dev.sh test [pytest args] | ./dev.sh mutation" >&2
+    echo "usage: ./dev.sh setup | ./dev.sh test [pytest args] | ./dev.sh mutation [--sample N SEED | MUTANT...]" >&2
     exit 2
     ;;
 esac

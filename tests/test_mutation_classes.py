@@ -309,3 +309,92 @@ def test_refusals_say_what_is_not_supported(text, message):
     d = e.value.diagnostics[0]
     assert d.code == "E702" and message in d.message and "not supported by code generation yet" in d.message
     assert d.span is not None and d.span.line == 2
+
+
+# ---------------------------------------------------------------- the shared-memory model of the plan
+def _kernel(text):
+    a = analyze(text)
+    return a.program, a.program.kernels[0]
+
+
+def test_shared_memory_of_an_epilogue_by_hand():
+    from epic.plan import config as C
+    program, k = _kernel("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  in z: bf16[M, N]\n  out y: bf16 = acc + z\n}\n")
+    coop = C.KernelConfig("cooperative", (128, 256, 64), (2, 1))
+    # epilogue tile 128x32 (CUTLASS's auto): 8 subtiles; D takes 2 of them, the aux load z 4, 2 bytes each
+    assert C.smem_estimate(k, program.tensors, coop) == (128 * 32 * (2 * 2 + 4 * 2), (128 + 256) * 64 * 2)
+    ping = C.KernelConfig("pingpong", (64, 128, 64))
+    assert C.smem_estimate(k, program.tensors, ping) == (64 * 32 * (2 * 2 + 4 * 2), (64 + 128) * 64 * 2)
+
+
+def test_narrow_and_packed_stores_in_the_model():
+    from epic import dtypes
+    from epic.plan import config as C
+    program, k = _kernel("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out q: e4m3 = acc\n  out p: i4 = acc\n}\n")
+    v = k.stores[0].value
+    assert C._stored_bytes(dtypes.E4M3, v) == 1.0 and C._stored_bytes(dtypes.I4, v) == 0.0
+    assert C._stored_bytes(dtypes.BF16, v) == 2.0
+    # a 1-byte first store gets the 64-column epilogue tile where the tile width allows
+    assert C._epilogue_tile(C.KernelConfig("pingpong", (64, 128, 64)), True) == (64, 64)
+    assert C._epilogue_tile(C.KernelConfig("pingpong", (64, 128, 64)), False) == (64, 32)
+    assert C._epilogue_tile(C.KernelConfig("cooperative", (128, 128, 64)), True) == (128, 64)
+
+
+def test_fits_is_inclusive_at_the_limit(monkeypatch):
+    from epic.plan import config as C
+    program, k = _kernel("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out y: bf16 = acc\n}\n")
+    cfg = C.KernelConfig("cooperative", (128, 256, 64), (2, 1))
+    epi, stage = C.smem_estimate(k, program.tensors, cfg)
+    monkeypatch.setattr(C, "SMEM_BYTES", epi + 2 * stage + C.SMEM_RESERVE)
+    assert C.fits(k, program.tensors, cfg)
+    monkeypatch.setattr(C, "SMEM_BYTES", epi + 2 * stage + C.SMEM_RESERVE - 1)
+    assert not C.fits(k, program.tensors, cfg)
+
+
+@pytest.mark.parametrize("cfg,words", [
+    (dict(schedule="coop", tile=(128, 128, 64)), "unknown schedule 'coop' (use cooperative or pingpong)"),
+    (dict(schedule="pingpong", tile=(64, 128, 64), raster="diagonal"), "raster must be one of heuristic, m, n"),
+    (dict(schedule="pingpong", tile=(64, 128, 64), epi_tile=(100, 64)), "the epilogue tile must be 64, 128 or 256 rows"),
+])
+def test_a_configuration_built_in_python_is_checked_too(cfg, words):
+    from epic.plan import config as C
+    with pytest.raises(EpicError) as e:
+        C.validate(C.KernelConfig(**cfg), "gemm 'g'")
+    d = e.value.diagnostics[0]
+    assert d.code == "E216" and words in d.message and "pingpong: tile M 64/128" in d.hint
+
+
+def test_a_bad_combination_in_the_file_is_e216_at_the_gemm():
+    with pytest.raises(EpicError) as e:
+        epic.compile("# a comment\ngemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile=64x128x64, schedule=cooperative {\n"
+                     "  out y: bf16 = acc\n}\n").plan(dict(M=64, K=64, N=128), device="cpu")
+    d = e.value.diagnostics[0]
+    assert d.code == "E216" and d.span is not None and d.span.line == 2
+
+
+def test_an_epilogue_too_big_for_shared_memory_says_how_big():
+    from epic.plan import config as C
+    program, k = _kernel("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  in z: bf16[M, N]\n  out y: bf16 = acc + z\n}\n")
+    with pytest.raises(EpicError) as e:
+        C.choose(k, 8192, {"tile": (256, 128, 128), "schedule": "cooperative", "epi_tile": (256, 128)}, program.tensors)
+    d = e.value.diagnostics[0]
+    assert d.code == "E217" and re.search(r"needs about \d+ KiB of shared memory", d.message)
+
+
+# ---------------------------------------------------------------- no Python None in generated C++
+def _all_programs():
+    return sorted([*ROOT.glob("samples/*.epi"), *ROOT.glob("tests/programs/*.epi"), *ROOT.glob("bench/programs/*.epi")])
+
+
+@pytest.mark.parametrize("path", _all_programs(), ids=lambda p: p.stem)
+def test_no_python_value_leaks_into_generated_sources(path):
+    prog = epic.compile(str(path))
+    for m in (64, 8192):
+        try:
+            units = emit.units(prog.program, emit.kernel_configs(prog.program, m))
+        except EpicError:
+            continue                                   # E702: not generated yet
+        for _, unit in units:
+            for bad in (r"\bNone\b", r"\bTrue\b", r"\bFalse\b", r"<function ", r" at 0x[0-9a-f]+>"):
+                m_ = re.search(bad, unit.source)
+                assert m_ is None, (unit.name, bad, unit.source[max(0, m_.start() - 80):m_.end() + 40])

@@ -14,10 +14,13 @@ MISSED = {"survived", "no tests", "suspicious"}
 
 
 def main() -> None:
+    only = None
+    if len(sys.argv) == 3 and sys.argv[1] == "--only":           # score a sample (sample.py's names)
+        only = set(open(sys.argv[2]).read().split())
     per = collections.defaultdict(collections.Counter)
     for line in sys.stdin:
         m = re.match(r"\s*([\w.]+)__mutmut_\d+: (.+?)\s*$", line)
-        if not m:
+        if not m or (only is not None and line.split(":")[0].strip() not in only):
             continue
         module = m.group(1).rsplit(".", 1)[0].replace(".x_", ".").rsplit(".x", 1)[0]
         per[module][m.group(2)] += 1
