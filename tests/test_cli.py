@@ -95,6 +95,10 @@ def test_ref_compare_rewrite(capsys):
     rows = [l.split() for l in out.splitlines() if l.strip().startswith(("resid ", "y "))]
     exact_errors = [float(r[1]) for r in rows if len(r) == 4]
     assert len(exact_errors) == 2 and max(exact_errors) <= 1e-12
+    lines = out.splitlines()
+    head = lines.index("rewritten plan vs source program (relative error, ||got - want|| / ||want||):")
+    assert lines[head + 1].split() == ["output", "exact", "f64", "source,", "dtype-rounded", "rewritten,",
+                                       "dtype-rounded"]
 
 
 def test_ref_bad_shapes(capsys):

@@ -3,7 +3,9 @@ Python exception; random well-formed programs compile, dump, run, and their rewr
 compute the same outputs as the source (float64, relative error <= 1e-12)."""
 import json
 
-from hypothesis import HealthCheck, given, settings
+import torch
+
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from epic import pipeline, reference
@@ -14,7 +16,7 @@ from epic.plan import verify
 from .conftest import SAMPLES
 from .progen import program
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 TOKENS = ["gemm", "def", "in", "out", "tmp", "use", "with", "return", "acc", "row", "col", "x", "w", "h",
           ":", "=", "@", "(", ")", "{", "}", "[", "]", ",", "+", "-", "*", "/", "**", "==", "<", "#",
           "bf16", "f32", "i4", "e4m3", "M", "K", "N", "2", "1.5", "1e-6", "128x128x64", "\n", " ",
@@ -57,12 +59,19 @@ def test_mutated_samples(text, pos, cut, insert):
     compile_or_diagnose(text[:pos] + insert + text[pos + cut:])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomize: the same examples every run, so a CI failure reproduces (run with
+# --hypothesis-seed=random locally to explore further)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(program(), st.integers(0, 2**16))
 def test_random_programs_rewrite_equivalently(text, seed):
     a = pipeline.analyze(text, name="gen.epi")     # generated programs are legal by construction
     sizes = {d: v for d, v in dict(M=19, D=136, E=24).items() if d in a.source_program.dims}
     inputs = reference.random_inputs(a.source_program, sizes, seed)
+    # the rewrites are algebra on real numbers: a program that divides by a zero row sum (the
+    # generator writes row_sum(acc - acc)) has inf/nan outputs, and moving a 1/0 row scale past a
+    # matrix product turns nan into inf -- no equivalence to prove there (epic/passes/defer_row_scale.py)
+    source = reference.run(a.source_program, inputs, exact=True, sizes=sizes)
+    assume(all(bool(torch.isfinite(x).all()) for x in source.values()))
     for tiles in ((64, 128), (128, 64)):
         errors = verify.equivalence(a, inputs, sizes, {k.name: tiles for k in a.program.kernels})
         assert all(e <= 1e-12 for e in errors.values()), (text, errors)

@@ -7,6 +7,10 @@ accumulator by s[row]. s itself becomes a small [M] buffer (finished by a combin
 split_reductions). The product is flattened through *, / and integer powers, so any operand
 order works. Anything else that carries the reduction into t (silu(r*h), h + r, a per-column
 statistic) cannot be moved, and the pass says why.
+
+The identity holds for real numbers. Where s is inf or nan (a zero row sum under a division), the
+two forms can differ in which non-finite value they produce: the source sums infinities of both
+signs into nan where the rewrite multiplies a finite product by inf.
 """
 from __future__ import annotations
 
