@@ -33,6 +33,7 @@ PROGRAMS = {
     "tests/programs/quant_exposed.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 256)),
     "tests/programs/more_stores.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 16)),
     "tests/programs/whole_tensor.epi": lambda m, n, k: dict(M=m, K=k, N=n, P=_up(k, 8)),
+    "tests/programs/combine_reads.epi": lambda m, n, k: dict(M=m, K=k, N=n),
     "samples/fp8_delayed_scaling.epi": lambda m, n, k: dict(M=m, K=_up(k, 16), N=_up(n, 16)),
     "samples/q_proj_per_head.epi": lambda m, n, k: dict(M=m, D=k, H=4, Dh=_up(n // 4, 2)),
     "tests/programs/per_head.epi": lambda m, n, k: dict(M=m, D=k, H=4, Dh=_up(n // 4, 2)),

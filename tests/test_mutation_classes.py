@@ -136,7 +136,8 @@ def test_a_signature_tells_shapes_strides_dtypes_apart():
 def test_a_k_major_operand_with_a_gap_between_columns_is_e605():
     prog = epic.compile("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out y: bf16 = acc\n}\n")
     x = torch.zeros(4, 16, dtype=torch.bfloat16)
-    w = torch.zeros(64 * 16, dtype=torch.bfloat16).as_strided((16, 32), (2, 32))   # stride(0) 2, not 1
+    # stride(0) 2 where a K-major operand has 1, though stride(1) equals K as K-major strides do
+    w = torch.zeros(2 * 15 + 16 * 31 + 1, dtype=torch.bfloat16).as_strided((16, 32), (2, 16))
     with pytest.raises(EpicError) as e:
         prog(x=x, w=w)
     assert e.value.codes == ["E605"]
@@ -300,15 +301,21 @@ def test_epic_compile_writes_one_file_per_kernel_named_after_the_program(tmp_pat
 
 
 # ---------------------------------------------------------------- code generation's refusals
-@pytest.mark.parametrize("text,message", [
-    ("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out c: f32[N] = col_lse(acc)\n}\n", "col_lse"),
+@pytest.mark.parametrize("text,message,where", [
+    ("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out c: f32[N] = col_lse(acc)\n}\n", "col_lse", (2, None)),
+    ("gemm g(x: bf16[M, K] @ w: bf16[K, H*Dh]) {\n  in gam: f32[Dh]\n  out c: f32[H*Dh] = col_sum(acc) * gam\n}\n",
+     "a per-head vector ('gam') in the vector math after a column reduction is not supported by code "
+     "generation yet", (3, 37)),
+    ("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out y: bf16 = rotate(even(acc), 1.0, 0.0)\n}\n",
+     "a pairwise map of a value narrower than the accumulator's column pairs is not supported by code "
+     "generation yet", (2, 17)),
 ])
-def test_refusals_say_what_is_not_supported(text, message):
+def test_refusals_say_what_is_not_supported(text, message, where):
     with pytest.raises(EpicError) as e:
         epic.compile(text).units()
     d = e.value.diagnostics[0]
     assert d.code == "E702" and message in d.message and "not supported by code generation yet" in d.message
-    assert d.span is not None and d.span.line == 2
+    assert d.span is not None and d.span.line == where[0] and where[1] in (None, d.span.column)
 
 
 # ---------------------------------------------------------------- the shared-memory model of the plan
@@ -398,3 +405,35 @@ def test_no_python_value_leaks_into_generated_sources(path):
             for bad in (r"\bNone\b", r"\bTrue\b", r"\bFalse\b", r"<function ", r" at 0x[0-9a-f]+>"):
                 m_ = re.search(bad, unit.source)
                 assert m_ is None, (unit.name, bad, unit.source[max(0, m_.start() - 80):m_.end() + 40])
+
+
+# ---------------------------------------------------------------- row-scale refusals, word for word
+def _defer(form):
+    return analyze("gemm a(x: bf16[M, D] @ wo: bf16[D, D]) {\n  in z: bf16[M, D]\n  in g: bf16[D]\n  h = acc + z\n"
+                   f"  out resid: bf16 = h\n  tmp n: bf16 = {form}\n}}\n"
+                   "gemm b(n @ w2: bf16[D, E]) {\n  out y: bf16 = acc\n}\n")
+
+
+def test_a_cast_to_another_float_stays_around_the_deferred_value():
+    from epic.plan import verify
+    a = _defer("f16(h * g * rsqrt(row_mean(h * h) + 1e-6))")
+    stored = next(s.value for s in a.after("defer-row-scale").kernel("a").stores if s.tensor == "n")
+    assert stored.op == "cast" and stored.attrs["to"].name == "f16" and stored.args[0].op == "mul"
+    sizes = dict(M=11, D=72, E=40)
+    assert max(verify.equivalence(a, reference.random_inputs(a.source_program, sizes, 3), sizes).values()) <= 1e-12
+
+
+@pytest.mark.parametrize("form,words,column", [
+    ("rsqrt(row_mean(h * h) + 1e-6) * g",
+     "'n' needs row_mean (mean over all D columns of each row), and no tile-shaped factor is left to store "
+     "once the row scale is removed", 17),
+    ("h * col_sum(h * rsqrt(row_mean(h * h) + 1e-6))",
+     "the value at 6:21 needs col_sum (sum over all M rows of each column), and it is a per-column statistic; "
+     "only a per-row scale commutes with the right matrix product ((x * c[col]) @ W != c * (x @ W))", 21),
+])
+def test_row_scale_refusals_word_for_word(form, words, column):
+    with pytest.raises(EpicError) as e:
+        _defer(form)
+    d = e.value.diagnostics[0]
+    assert d.code == "E501" and d.message == "cannot move the row scale of 'n' into gemm 'b': " + words
+    assert (d.span.line, d.span.column) == (6, column)

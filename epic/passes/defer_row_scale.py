@@ -62,6 +62,14 @@ def _flatten(v: Value, dep: dict, exp: int, out: list, sign: list) -> None:
                         "(r * x) @ W = r * (x @ W) holds only when r multiplies the whole row")
 
 
+def _called(v: Value) -> str:
+    """How a message names a value: its name, else where it is (an internal op name means nothing to
+    the user)."""
+    if v.name:
+        return f"'{v.name}'"
+    return f"the value at {v.span.line}:{v.span.column}" if v.span else "a value"
+
+
 def _reduction_behind(v: Value, dep: dict) -> Value:
     """The whole-row/column reduction that makes v non-local: the nearest one among its operands
     (for a per-column value, a column reduction), not just the first the stored value depends on."""
@@ -121,7 +129,7 @@ def run(program, trace=None):
                     notes.insert(0, (r.span, f"the {r.attrs['axis']} reduction is here"))
                 raise EpicError(Diagnostic(
                     "E501", f"cannot move the row scale of '{s.tensor}' into gemm '{consumers[0].name}': "
-                    f"'{e.culprit.name or e.culprit.op}' needs {describe_reduction(r, k)}, and {e.why}",
+                    f"{_called(e.culprit)} needs {describe_reduction(r, k)}, and {e.why}",
                     e.culprit.span or s.span,
                     "apply the non-linear part after the next gemm, or store the statistic "
                     "(out r: f32[M] = ...) and the unscaled value separately", notes)) from None
