@@ -62,7 +62,7 @@ def test_plan_text_of_packed_int4_and_lse_partials():
     line = next(l for l in out.splitlines() if l.startswith("  q "))
     # 77 rows of 512 int4 values: 256 bytes per row, 19,712 bytes, written by the gemm
     assert re.search(r"out\s+uint8\[77, 256\]\s+19,712 B  written by proj; read by -", line), line
-    assert "int4 packed two per byte, low nibble = even column" in out.split(line, 1)[1].splitlines()[1]
+    assert out.split(line, 1)[1].splitlines()[1].strip() == "int4 packed two per byte, low nibble = even column"
     code, out, _ = run_cli("plan", str(ROOT / "samples" / "cross_entropy.epi"), "--shape", "M=77,D=200,V=392")
     lines = out.splitlines()
     i = next(i for i, l in enumerate(lines) if l.startswith("  lm_head__lse_part0"))
@@ -377,6 +377,16 @@ def test_a_bad_combination_in_the_file_is_e216_at_the_gemm():
                      "  out y: bf16 = acc\n}\n").plan(dict(M=64, K=64, N=128), device="cpu")
     d = e.value.diagnostics[0]
     assert d.code == "E216" and d.span is not None and d.span.line == 2
+
+
+def test_a_call_config_that_breaks_the_files_tile_is_e216_at_the_gemm():
+    prog = epic.compile("# a comment\ngemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile=64x128x64 {\n"
+                        "  out y: bf16 = acc\n}\n", {"g": {"schedule": "cooperative"}})
+    with pytest.raises(EpicError) as e:
+        prog.plan(dict(M=64, K=64, N=128), device="cpu")
+    d = e.value.diagnostics[0]
+    assert d.code == "E216" and "cooperative schedule needs tile M = 128 or 256" in d.message
+    assert d.span is not None and d.span.line == 2
 
 
 def test_an_epilogue_too_big_for_shared_memory_says_how_big():

@@ -8,6 +8,7 @@ mutant's diff (`mutmut show`, run in MUTMUT_DIR) to a fresh copy of the source a
 Prints one line per mutant: killed (a test failed) or SURVIVED.
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,8 +25,7 @@ def main() -> int:
         work = tempfile.mkdtemp(prefix="plant-")
         try:
             subprocess.run(f"git -C {root} archive HEAD | tar -x -C {work}", shell=True, check=True)
-            patch = subprocess.run(["patch", "-p0", "-s"], cwd=work, input=diff[diff.index("---"):], text=True)
-            if patch.returncode:
+            if not _apply(work, diff):
                 print(f"{name}: the diff does not apply")
                 continue
             r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m",
@@ -36,6 +36,26 @@ def main() -> int:
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return 1 if survived else 0
+
+
+def _apply(work: str, diff: str) -> bool:
+    """Replace the diff's removed lines by its added ones in the file it names. `mutmut show` prints a
+    method dedented, so lines are matched without their leading blanks and re-indented as found."""
+    path = os.path.join(work, re.search(r"^--- (\S+)", diff, re.M).group(1))
+    lines = open(path).read().split("\n")
+    body = diff[diff.index("@@"):].split("\n")
+    old = [l[1:] for l in body if l.startswith("-") or l.startswith(" ")]
+    new = [l[1:] for l in body if l.startswith("+") or l.startswith(" ")]
+    while old and not old[-1].strip() and new and not new[-1].strip():
+        old, new = old[:-1], new[:-1]
+    for i in range(len(lines) - len(old) + 1):
+        if all(lines[i + j].strip() == old[j].strip() for j in range(len(old))):
+            shift = len(lines[i]) - len(lines[i].lstrip()) - (len(old[0]) - len(old[0].lstrip()))
+            pad = " " * max(shift, 0)
+            lines[i:i + len(old)] = [pad + l if l.strip() else l for l in new]
+            open(path, "w").write("\n".join(lines))
+            return True
+    return False
 
 
 if __name__ == "__main__":
