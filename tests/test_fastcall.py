@@ -24,10 +24,7 @@ from .test_hostsim import prepare
 @pytest.fixture(scope="module")
 def module():
     """The launcher, built into the session's cache (tests/conftest.py turns it off elsewhere)."""
-    try:
-        hostsim.toolchain()
-    except hostsim.ToolchainMissing as e:
-        pytest.skip(f"host simulator unavailable: {e}")
+    hostsim.require_toolchain()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EPIC_LAUNCHER", "compiled")
         mp.setattr(fastcall, "_STATE", {"module": None, "why": None, "path": None})

@@ -73,10 +73,7 @@ def loads_tiles_directly(case: harness.Case) -> bool:
 @pytest.fixture(scope="session")
 def host_kernels():
     """Compile every kernel the cases need in one go; returns {(program, config): E702 message}."""
-    try:
-        hostsim.toolchain()
-    except hostsim.ToolchainMissing as e:
-        pytest.skip(f"host simulator unavailable: {e}")
+    hostsim.require_toolchain()
     unsupported, sources = {}, []
     for name in PROGRAMS:
         for config in CONFIGS:

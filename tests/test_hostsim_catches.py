@@ -144,10 +144,7 @@ def inputs_for(name: str, case: harness.Case) -> dict:
 @pytest.fixture(scope="module")
 def cases():
     """name -> (the case with the bug, the same case without it), all compiled up front."""
-    try:
-        hostsim.toolchain()
-    except hostsim.ToolchainMissing as e:
-        pytest.skip(f"host simulator unavailable: {e}")
+    hostsim.require_toolchain()
     out = {}
     for name, (program, sizes, config_m, patch, edit, _) in PLANTED.items():
         path = str(ROOT / program)

@@ -18,8 +18,18 @@ and device-only numerics (fast-math intrinsics run as accurate host functions).
 Adding a visitor node kind: an entry in nodes.py and a host struct in hostsim.hpp.
 """
 from .compiler import ToolchainMissing, toolchain
+
+
+def require_toolchain() -> None:
+    """Skip the calling test or fixture where the host compiler is missing (say why)."""
+    import pytest
+    try:
+        toolchain()
+    except ToolchainMissing as e:
+        pytest.skip(f"host simulator unavailable: {e}")
+
 from .harness import Case, check, make_inputs, prepare, problems, run
 from .nodes import EMULATIONS, NoHostEmulation
 
 __all__ = ["Case", "check", "make_inputs", "prepare", "problems", "run", "toolchain", "ToolchainMissing",
-           "EMULATIONS", "NoHostEmulation"]
+           "EMULATIONS", "NoHostEmulation", "require_toolchain"]
