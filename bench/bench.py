@@ -100,6 +100,25 @@ def w_rope(m):
     return gemm, eager, dict(x=x, wqkv=w, pos=pos, freq=freq)
 
 
+def w_qk_norm(m):
+    """Qwen3-style Q projection: per-head RMSNorm (head 128) with a shared gamma, then RoPE on
+    interleaved pairs (samples/qk_norm_rope.epi), at Llama-3-8B's 32 heads of 128."""
+    x, w = rand(m, D), weight(D, D)
+    gamma = (1 + 0.1 * torch.randn(128, device="cuda")).to(bf)
+    pos = (torch.arange(m, device="cuda") % 4096).float()
+    inv = 1.0 / (500000 ** (torch.arange(0, 128, 2, device="cuda").float() / 128))
+    freq = inv.repeat_interleave(2)
+    cos, sin = (pos[:, None] * inv[None, :]).cos(), (pos[:, None] * inv[None, :]).sin()
+    def gemm(): return x @ w
+    def eager():
+        h = (x @ w).unflatten(-1, (-1, 128)).float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * gamma.float()
+        a, b = h[..., 0::2], h[..., 1::2]
+        c, s = cos[:, None, :], sin[:, None, :]
+        return torch.stack((a * c - b * s, a * s + b * c), -1).flatten(1).to(bf)
+    return gemm, eager, dict(x=x, wq=w, pos=pos, gamma=gamma, freq=freq)
+
+
 def w_prenorm_half(m):
     x, w0, w1, z, g = rand(m, D), weight(D, D), weight(D, 2 * DFF), rand(m, D), rand(D)
     n0 = rand(m, D)
@@ -167,6 +186,7 @@ WORK = {
     "resid_norm": ("samples/residual_rmsnorm.epi", w_resid_norm),
     "bias_gelu": ("samples/bias_gelu.epi", w_bias_gelu),
     "rope": ("samples/rope.epi", w_rope),
+    "qk_norm": ("samples/qk_norm_rope.epi", w_qk_norm),
     "prenorm_half": ("bench/programs/prenorm_half.epi", w_prenorm_half),
     "swiglu": ("samples/swiglu.epi", w_swiglu),
     "xent": ("samples/cross_entropy.epi", w_xent),

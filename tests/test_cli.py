@@ -65,7 +65,8 @@ def test_ir_after_all_shows_scale_moving(capsys):
     assert code == 0
     stages = out.split("// ---- after ")
     names = [s.split("\n", 1)[0] for s in stages[1:]]
-    assert names == ["front end", "simplify", "cse", "dce", "defer-row-scale", "split-reductions", "cleanup"]
+    assert names == ["front end", "simplify", "cse", "dce", "defer-row-scale", "split-reductions",
+                     "hoist-block-scale", "cleanup"]
     before = stages[names.index("dce") + 1]
     after = stages[names.index("defer-row-scale") + 1]
     gemm1_before = before.split("kernel o_proj")[1].split("kernel gate_up")[0]

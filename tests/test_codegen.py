@@ -58,7 +58,8 @@ def test_supported_samples_generate(name, m):
         if isinstance(spec, evt.KernelSpec):
             assert f"Shape<_{spec.config.tile[0]}, _{spec.config.tile[1]}, _{spec.config.tile[2]}>" in unit.source
             # the root (last node) computes D; with no D the last node is a sink
-            assert spec.nodes[-1].type.startswith(("Sm90Compute", "epic_nodes::Sm90BlockScale")) \
+            assert spec.nodes[-1].type.startswith(("Sm90Compute", "epic_nodes::Sm90BlockScale",
+                                                   "epic_nodes::Sm90BlockReduceScale")) \
                 or spec.element_d == "void"
 
 

@@ -38,7 +38,8 @@ class KernelSpec:
     element_b: str
     align_a: int
     align_b: int
-    element_acc: str     # the accumulator: float, or int32_t for int8 x int8
+    element_acc: str     # the accumulator: float; int32_t for int8 x int8; cutlass::half_t (accumulate=f16)
+    acc_name: str        # its epic name (f32, i32, f16)
     element_d: str       # "void" when no output goes through the collective
     align_d: int
     aux_element: str     # sizes D's shared memory when D is void
@@ -138,7 +139,9 @@ class Builder:
                 writer.bind(v, impl.parts(j, v) if impl else (f"in{j}[2 * k]", f"in{j}[2 * k + 1]"))
                 continue
             if P.family(v.op) not in fn.FUNCTOR_FAMILIES and not P.is_literal(v):
-                raise no_implementation(f"{_describe(self.program, v)} inside an epilogue expression", v.span, LEAVES)
+                # a block statistic is the business of the roots that scale by it: list them too
+                impls = LEAVES + (ROOTS if P.family(v.op) is P.Family.BLOCK else [])
+                raise no_implementation(f"{_describe(self.program, v)} inside an epilogue expression", v.span, impls)
             stack.extend(reversed(v.args))
         parts = writer.emit(root)
         if store_dtype is not None:
@@ -197,7 +200,7 @@ class Builder:
         aux = self.aux_elements[0] if self.aux_elements else dtypes.BF16.cutlass
         return KernelSpec(
             name=k.name, symbol=identifier(k.name), config=cfg,
-            element_acc="int32_t" if a.dtype.is_int else "float",
+            element_acc=k.acc.cutlass, acc_name=k.acc.name,
             element_a=a.dtype.cutlass, element_b=b.dtype.cutlass, align_a=128 // a.dtype.bits,
             align_b=128 // b.dtype.bits, element_d=self.element_d, align_d=self.align_d, aux_element=aux,
             functors=self.functors, nodes=self.nodes, pointers=self.pointers, scalars=self.scalars,
@@ -212,7 +215,8 @@ class Builder:
                 reach_count[v.id] = reach_count.get(v.id, 0) + 1
         root_ids = {r.id for r in roots} | {a.id for r in roots if P.family(r.op) is P.Family.PARTIAL for a in r.args}
         return {v.id for v in self.k.values if reach_count.get(v.id, 0) >= 2 and fn.is_costly(v)
-                and v.shape.has_columns and v.shape.width == 1 and v.id not in root_ids}
+                and v.shape.has_columns and v.shape.width == 1 and v.id not in root_ids
+                and v.kind is not Kind.BLOCK}   # block values are computed by the node that reduces them
 
 
 class _Compute:

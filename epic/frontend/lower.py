@@ -236,6 +236,24 @@ def _multipliable(a: dtypes.DType, b: dtypes.DType) -> bool:
     return a.is_int == b.is_int
 
 
+def _accumulator(a: Tensor, b: Tensor, asked: str | None, g: ast.Gemm) -> dtypes.DType:
+    """The accumulator's type: f32; i32 for i8 x i8 (exact); f16 where the file asks and Hopper's wgmma
+    has it (f16 x f16, fp8 x fp8: half the accumulator registers, rounded to f16 at every k-step)."""
+    natural = dtypes.I32 if a.dtype.is_int else dtypes.F32
+    if asked is None or asked == "f32" and natural is dtypes.F32:
+        return natural
+    span = g.options["accumulate"][1]
+    if asked == "f32":
+        raise error("E205", f"gemm '{g.name}' multiplies i8 by i8, which accumulates in i32 (exactly)", span,
+                    "drop `accumulate=f32`")
+    if a.dtype is dtypes.F16 or (a.dtype.bits == 8 and not a.dtype.is_int):
+        return dtypes.F16
+    raise error("E205", f"accumulate=f16 needs f16 x f16 or fp8 x fp8 operands; gemm '{g.name}' multiplies "
+                f"{a.dtype} by {b.dtype}, which Hopper's wgmma accumulates in "
+                f"{'i32' if a.dtype.is_int else 'f32'} only", span,
+                "drop `accumulate=f16`, or give the gemm f16 operands")
+
+
 class _KernelBuilder:
     """One gemm's epilogue: its statements in order, with the names they bind."""
 
@@ -245,8 +263,9 @@ class _KernelBuilder:
         self.loads: dict[str, Value] = {}
         self.env: dict[str, Value] = {}
         self.stores: list[Store] = []
-        # the accumulator is f32; an int8 x int8 gemm accumulates exactly in i32
-        self.acc = make("acc", (), {"dtype": dtypes.I32} if a.dtype.is_int else {}, g.span, "acc")
+        self.opts = options.parse(g.options, g.span)
+        self.acc_dtype = _accumulator(a, b, self.opts.get("accumulate"), g)
+        self.acc = make("acc", (), {} if self.acc_dtype is dtypes.F32 else {"dtype": self.acc_dtype}, g.span, "acc")
         self.exprs = ExprLowering(self)
 
     @property
@@ -254,7 +273,7 @@ class _KernelBuilder:
         return self.low.defs
 
     def build(self) -> GemmKernel:
-        opts = options.parse(self.g.options, self.g.span)
+        opts = self.opts
         for stmt in self.g.body:
             if isinstance(stmt, ast.InDecl):
                 self.low.declare_input(stmt)
@@ -271,7 +290,7 @@ class _KernelBuilder:
                         "add `out NAME: bf16 = acc` (returned) or `tmp NAME: bf16 = ...` (read by a later gemm)")
         values = topo_order([s.value for s in self.stores])
         return GemmKernel(self.g.name, self.a.name, self.b.name, self.rows, self.k, self.n, values,
-                          self.stores, opts, self.g.span)
+                          self.stores, opts, self.g.span, acc=self.acc_dtype)
 
     def _bind(self, name: str, span: Span) -> None:
         self.low.check_name(name, span)

@@ -8,7 +8,8 @@ from ..ir import options as vocab
 _HINTS = {"tile": "tiles are MxNxK with M in 64/128/256, N in 64/128/192/256, K in 64/128, e.g. tile=128x256x64",
           "cluster": "clusters are 1x1, 2x1, 1x2 or 2x2",
           "epi_tile": "the epilogue tile is MxN dividing the CTA tile, e.g. epi_tile=128x64",
-          "swizzle": "swizzle is 1, 2, 4 or 8"}
+          "swizzle": "swizzle is 1, 2, 4 or 8",
+          "accumulate": "accumulate=f16 (f16 or fp8 operands) or accumulate=f32 (the default)"}
 
 
 def parse(options: dict[str, tuple[str, Span]], gemm_span: Span) -> dict:
@@ -35,8 +36,8 @@ def parse_value(key: str, text: str, span: Span | None):
         if len(parts) not in counts or not all(p.isascii() and p.isdigit() and len(p) <= 4 for p in parts):
             raise error("E215", f"{key} must look like {example}, got '{text}'", span, _HINTS.get(key))
         value = tuple(int(p) for p in parts) + ((64,) if key == "tile" and len(parts) == 2 else ())
-    elif key in vocab.CHOICE_OPTIONS:
-        choices = vocab.CHOICE_OPTIONS[key]
+    elif key in vocab.CHOICE_OPTIONS or key in vocab.SEMANTIC_OPTIONS:
+        choices = vocab.CHOICE_OPTIONS.get(key) or vocab.SEMANTIC_OPTIONS[key]
         if text not in choices:
             raise error("E215", f"{key} must be one of {', '.join(choices)}, got '{text}'", span,
                         f"write {key}={choices[0]}; the choices are {', '.join(choices)}")
@@ -69,6 +70,9 @@ def check_config(config, gemms: dict[str, Span | None]) -> dict[str, dict]:
                         example)
         out[name] = {}
         for key, value in opts.items():
+            if key in vocab.SEMANTIC_OPTIONS:
+                raise error("E215", f"config[{name!r}] sets {key!r}, which changes what the gemm computes, not how "
+                            "fast", gemms[name], f"write it in the file: gemm {name}(...) with {key}=...")
             if isinstance(value, (tuple, list)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
                 text = "x".join(map(str, value))
             elif isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):

@@ -112,6 +112,7 @@ class GemmKernel:
     options: dict = field(default_factory=dict)
     span: Span | None = None
     kind: str = "gemm"
+    acc: DType = F32              # the accumulator: f32; i32 for i8 x i8; f16 with `accumulate=f16`
 
     def users(self) -> dict[int, list[Value]]:
         out: dict[int, list[Value]] = {v.id: [] for v in self.values}

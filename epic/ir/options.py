@@ -18,7 +18,9 @@ SIZE_OPTIONS = {"tile": ((2, 3), "128x128x64"), "cluster": ((2,), "2x1"), "epi_t
 # options chosen from a set: name -> the spellings
 CHOICE_OPTIONS = {"schedule": SCHEDULES, "aux_load": AUX_LOADS, "raster": RASTERS,
                   "swizzle": tuple(str(s) for s in SWIZZLES)}
-ALL_OPTIONS = (*SIZE_OPTIONS, *CHOICE_OPTIONS)
+# options that change what the program computes, not how fast: the file says them, a call cannot
+SEMANTIC_OPTIONS = {"accumulate": ("f32", "f16")}
+ALL_OPTIONS = (*SIZE_OPTIONS, *CHOICE_OPTIONS, *SEMANTIC_OPTIONS)
 
 
 def value_problem(key: str, value) -> str | None:

@@ -72,7 +72,7 @@ class Primitive:
     int_results: bool = False           # integer operands give an integer (neg, abs, powi, sign)
     reads: str | None = None            # attribute naming the tensor it reads (load, combine)
     pair_part: int | None = None        # PAIR: 0 = even columns, 1 = odd columns, None = interleave
-    algebra: str | None = None          # for defer-row-scale: product, quotient, negation, power
+    algebra: str | None = None          # for the scale-moving passes: product, quotient, negation, power, sum
     show: Callable = field(default=lambda attrs: "")   # attribute text in IR dumps
     doc: str = ""
 
@@ -346,8 +346,9 @@ _PRIMS = [
               doc="integer power (n an integer literal from -64 to 64)"),
 
     # ---- element-wise: binary
-    _elementwise("add", 2, lambda xs, a: xs[0] + xs[1], "({0} + {1})", operator="+", doc="addition"),
-    _elementwise("sub", 2, lambda xs, a: xs[0] - xs[1], "({0} - {1})", operator="-", doc="subtraction"),
+    _elementwise("add", 2, lambda xs, a: xs[0] + xs[1], "({0} + {1})", operator="+", algebra="sum", doc="addition"),
+    _elementwise("sub", 2, lambda xs, a: xs[0] - xs[1], "({0} - {1})", operator="-", algebra="sum",
+                 doc="subtraction"),
     _elementwise("mul", 2, lambda xs, a: xs[0] * xs[1], "({0} * {1})", operator="*", algebra="product",
                  doc="multiplication"),
     _elementwise("div", 2, lambda xs, a: xs[0] / xs[1], "({0} / {1})", cxx_fast="__fdividef({0}, {1})", cost=4,

@@ -19,9 +19,9 @@ from ..diagnostics import Diagnostic, EpicError
 from ..dtypes import F32
 from ..ir import core
 from ..ir import primitives as P
-from ..ir.core import Store, Tensor, Value, const, topo_order
+from ..ir.core import Store, Tensor, Value, topo_order
 from ..shapes import COL, Kind
-from .rewrite import make, rebuild
+from .rewrite import make, product, rebuild
 
 SUFFIX = "__rowscale"    # internal names contain "__", which user names cannot
 
@@ -86,21 +86,6 @@ def _reduction_behind(v: Value, dep: dict) -> Value:
     if v.kind is Kind.ROW:
         found = [r for r in found if r.attrs["axis"] == "col"] or found
     return found[0] if found else dep[v.id]
-
-
-def _product(factors: list[tuple[Value, int]], like: Value) -> Value | None:
-    num = [f if e == 1 else make("powi", (f,), {"exp": e}, like) for f, e in factors if e > 0]
-    den = [f if e == -1 else make("powi", (f,), {"exp": -e}, like) for f, e in factors if e < 0]
-    acc = None
-    for f in num:
-        acc = f if acc is None else make("mul", (acc, f), like=like)
-    if den:
-        d = den[0]
-        for f in den[1:]:
-            d = make("mul", (d, f), like=like)
-        one = const(1.0, F32, like.span)
-        acc = make("div", (acc if acc is not None else one, d), like=like)
-    return acc
 
 
 def run(program, trace=None):
@@ -174,14 +159,14 @@ def _split(v: Value, dep: dict) -> tuple[Value, Value]:
     rest = [(f, e) for f, e in factors if f.id not in dep]
     if not any(f.kind is Kind.TILE for f, _ in rest):
         raise _NotLinear(v, "no tile-shaped factor is left to store once the row scale is removed")
-    value = _product(rest, v)
+    value = product(rest, v)
     if sign[0] < 0:
         value = make("neg", (value,), like=v)
     if cast is not None:
         value = make("cast", (value,), {"to": cast.dtype}, like=cast)
     if all(value is not f for f, _ in rest):
         value.name = v.name      # name the new value only, never one shared with an earlier stage
-    return value, _product(scale, v)
+    return value, product(scale, v)
 
 
 def _scale_accumulator(kernel, buffer: str):

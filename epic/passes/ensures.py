@@ -75,3 +75,9 @@ def _tile_local(program: Program) -> list[str]:
         out += [f"kernel {k.name}: stores the vector {s.tensor}" for s in k.stores
                 if s.value.kind in (Kind.COL, Kind.ROW)]
     return out
+
+
+@_ensure("block-scales-hoisted")
+def _block_scales_hoisted(program: Program) -> list[str]:
+    from .hoist_block_scale import unhoisted
+    return unhoisted(program)

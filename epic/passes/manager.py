@@ -14,7 +14,7 @@ from .. import envflags
 from ..checks import locality
 from ..diagnostics import EpicError
 from ..ir import verify as ir_verify
-from . import cse, dce, defer_row_scale, ensures, simplify, split_reductions
+from . import cse, dce, defer_row_scale, ensures, hoist_block_scale, simplify, split_reductions
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,8 @@ PASSES = [
     Pass("split-reductions", "whole-row/column reductions -> per-tile partials + combine kernels",
          split_reductions.run, requires=("row-scales-deferred",), ensures=("tile-local-gemms",),
          gate=locality.check),
+    Pass("hoist-block-scale", "move a per-block scale (QK-norm's 1/rms per head) to the stored value",
+         hoist_block_scale.run, requires=("tile-local-gemms",), ensures=("block-scales-hoisted",)),
     Pass("cleanup", "simplify + cse + dce on the final kernels, until nothing changes", _cleanup,
          ensures=("canonical", "no-duplicates", "no-dead-values")),
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..diagnostics import error
+from ..dtypes import F32
 from ..ir import core
 from ..ir.core import Store, Value, topo_order
 from ..ir.typing import TypeRuleError
@@ -47,3 +48,20 @@ def rebuild(kernel, fn: Rewrite, extra_stores: list[Store] | None = None):
         new[v.id] = out
     stores = [Store(s.tensor, new[s.value.id], s.span) for s in kernel.stores] + list(extra_stores or [])
     return kernel.with_values(topo_order([s.value for s in stores]), stores)
+
+
+def product(factors: list[tuple[Value, int]], like: Value) -> Value | None:
+    """The value prod(f ** e) of (value, integer exponent) pairs: a product of the positive powers over
+    a product of the negative ones (1 / ... when there are only negative ones; None when empty)."""
+    num = [f if e == 1 else make("powi", (f,), {"exp": e}, like) for f, e in factors if e > 0]
+    den = [f if e == -1 else make("powi", (f,), {"exp": -e}, like) for f, e in factors if e < 0]
+    acc = None
+    for f in num:
+        acc = f if acc is None else make("mul", (acc, f), like=like)
+    if den:
+        d = den[0]
+        for f in den[1:]:
+            d = make("mul", (d, f), like=like)
+        one = core.const(1.0, F32, like.span)
+        acc = make("div", (acc if acc is not None else one, d), like=like)
+    return acc

@@ -261,6 +261,15 @@ std::vector<float> accumulate(ElementA const* A, ElementB const* B, Problem p, i
   return acc;
 }
 
+// The exact sums as the accumulator type holds them (an f16 accumulator rounds; f32 and the i32 of
+// i8 x i8 hold the harness's sums exactly), as the reference rounds them. The GPU's f16 accumulator
+// rounds at every k-step too: tests/test_gpu.py's tolerance covers that, not this emulation.
+template <class Acc>
+std::vector<float> as_accumulator(std::vector<float> acc) {
+  for (float& x : acc) x = float(convert<Acc>(x));
+  return acc;
+}
+
 // Calls visit(tile) for every CTA tile of the problem.
 template <class Visit>
 void for_each_tile(Problem p, int tile_m, int tile_n, Visit&& visit) {
@@ -643,6 +652,52 @@ struct BlockScale : Node {
       PackedInt4Store pack(typename PackedInt4Store::Arguments{args.ptr_q}, problem);
       for (size_t v = 0; v < frags.size(); ++v) pack.visit(frags[v], results[v]);
     }
+  }
+};
+
+// epic_nodes::Sm90BlockReduceScale<Block, Fn, Divide, ElementScale>: the root, scaling its first child y
+// by s = Fn::finalize(stat) of each 1 x Block row segment, stat = Fn::merge of Fn::pre(z) over the
+// segment's valid elements of its second child z (from Fn::identity()); D = y * s (Divide: y / s); s
+// stored as ElementScale at [m * ceil(N / Block) + g] when ptr_scale is given.
+template <int Block, class Fn, bool Divide, class ElementScale>
+struct BlockReduceScale : Node {
+  struct Arguments {
+    ElementScale* ptr_scale = nullptr;
+  };
+  Arguments args;
+  std::vector<float> stat;
+  Tile tile{};
+  BlockReduceScale(Arguments const& a, Problem p) : Node{p}, args(a) {}
+
+  size_t slot(int m, int n) const { return size_t(m - tile.m0) * (tile.tile_n / Block) + (n - tile.n0) / Block; }
+
+  void begin(Tile const& t) {
+    tile = t;
+    stat.assign(size_t(t.tile_m) * (t.tile_n / Block), Fn::identity());
+  }
+
+  template <class Y, class Z>
+  Frag<float> visit(Fragment const& f, Frag<Y> const& y, Frag<Z> const& z) {
+    for (int i = 0; i < kFrag; ++i)
+      if (f.inside[i]) Fn::merge(stat[slot(f.m[i], f.n[i])], Fn::pre(float(z[i])));
+    return convert<float>(y);
+  }
+
+  template <class ElementD>
+  void reduce(Tile const& t, std::vector<Fragment> const& frags, std::vector<Frag<float>>& results) {
+    std::vector<float> scale(stat.size());
+    int segments = t.tile_n / Block;
+    for (size_t k = 0; k < stat.size(); ++k) {
+      scale[k] = Fn::finalize(stat[k]);
+      int m = t.m0 + int(k) / segments, g = t.n0 / Block + int(k) % segments;
+      if (args.ptr_scale != nullptr && m < problem.M && g * Block < problem.N)
+        args.ptr_scale[size_t(m) * size_t(ceil_div(problem.N, Block)) + g] = convert<ElementScale>(scale[k]);
+    }
+    for (size_t v = 0; v < frags.size(); ++v)
+      for (int i = 0; i < kFrag; ++i) {
+        float s = scale[slot(frags[v].m[i], frags[v].n[i])];
+        results[v][i] = Divide ? results[v][i] / s : results[v][i] * s;
+      }
   }
 };
 

@@ -106,6 +106,7 @@ EMULATIONS: dict[str, Emulation] = {
     "epic_nodes::Sm90RowLsePartial": Emulation(_custom("RowLsePartial", 1), {0: "row_partial"}),
     "epic_nodes::Sm90PackedInt4Store": Emulation(_custom("PackedInt4Store", 0), {0: "int4_store"}),
     "epic_nodes::Sm90BlockScale": Emulation(_custom("BlockScale", 5), {0: "block_scale", 3: "int4_store"}),
+    "epic_nodes::Sm90BlockReduceScale": Emulation(_custom("BlockReduceScale", 4), {0: "block_scale"}),
 }
 
 

@@ -184,6 +184,7 @@ class GemmSource:
     sizes_decl: str                  # the declaration of M, N, K from the launch's sizes
     problem: list[str]               # the problem shape's M, N, K expressions
     strides: dict[str, list[str]]    # sA, sB, sD, sAux -> the extents their packed strides are made for
+    element_acc: str = "float"       # the mainloop's accumulator type (the epilogue builder's)
 
     def operand_index(self, role: str) -> int | None:
         m = re.search(r"\bp\[(\d+)\]", self.operands[role])
@@ -200,7 +201,8 @@ def _type_name_and_args(type_text: str) -> tuple[str, list[str]]:
 
 def _functors(text: str) -> list[str]:
     out = []
-    for m in re.finditer(r"template\s*<\s*class\s+T\s*>\s*struct\s+epic_fn\d+\s*\{", text):
+    # element-wise functors (epic_fnN) and block-statistic functors (epic_blockN)
+    for m in re.finditer(r"(?:template\s*<\s*class\s+T\s*>\s*)?struct\s+epic_(?:fn|block)\d+\s*\{", text):
         end = matching(text, m.end() - 1)
         semi = text.index(";", end)
         out.append(text[m.start():semi + 1])
@@ -246,7 +248,8 @@ def parse_gemm(text: str) -> GemmSource:
         element_a=alias("ElementA"), element_b=alias("ElementB"), element_d=alias("ElementD"),
         layouts={r: alias(f"Layout{r}") for r in "ABD"},
         tile=tuple(int(x) for x in tile.groups()), nodes=nodes, operands={"A": a, "B": b, "D": d},
-        sizes_decl=sizes_decl, problem=problem[:3], strides=strides)
+        sizes_decl=sizes_decl, problem=problem[:3], strides=strides,
+        element_acc=one(r"EpilogueTileType,\s*([\w:]+),\s*float,\s*ElementC", text, "the accumulator type").group(1))
 
 
 # ------------------------------------------------------------------------------------------ combine

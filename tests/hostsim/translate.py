@@ -66,8 +66,8 @@ def gemm(src: GemmSource, namespace: str) -> str:
             "  (void)sAux;",
             "  const int acc_rows = hostsim::ceil_div(problem.M, TileShape::M) * TileShape::M;",
             "  const int acc_cols = hostsim::ceil_div(problem.N, TileShape::N) * TileShape::N;",
-            f"  const std::vector<float> acc = hostsim::accumulate({src.operands['A']}, {src.operands['B']}, "
-            "problem, acc_rows, acc_cols);"]
+            f"  const std::vector<float> acc = hostsim::as_accumulator<{src.element_acc}>(hostsim::accumulate("
+            f"{src.operands['A']}, {src.operands['B']}, problem, acc_rows, acc_cols));"]
     out += [f"  Node{n.index} node{n.index}(Node{n.index}::Arguments{n.init}, problem);" for n in src.nodes]
     if src.element_d != "void":
         out.append(f"  ElementD* d = {src.operands['D']};")

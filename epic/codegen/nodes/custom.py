@@ -8,14 +8,19 @@ each, printed into the kernels that use them).
   s = max(block amax of |x|, floor) / qmax, as the prelude's fp8_e4m3_scale, int8_block_scale and
   int4_group_scale write it; the root of the epilogue (it rewrites the subtile before D is stored,
   or packs int4 bytes itself), and it stores the scales too.
+- BlockReduceScale: q = y * s (or y / s) with s a function of one 1xB block reduction of another tile z
+  (QK-norm's per-head rsqrt(mean(h * h) + eps), once hoist-block-scale has moved s to the store); the
+  root, reducing z while the subtile is visited; it can store s too.
 - PackedInt4Store: an i4 tile packed two per byte (low nibble = even column), stored directly.
 """
 from __future__ import annotations
 
 from ... import dtypes
 from ...ir import primitives as P
+from ...passes.hoist_block_scale import block_dependent, root_form
 from ...passes.patterns import C, Op, V
 from ...shapes import Kind
+from .. import functor as fn
 from ..cxx import literal
 from .base import NodeImpl
 
@@ -162,6 +167,97 @@ class BlockScaleInt4(_BlockScale):
     covers = "1xB block-scaled i4 tiles (int4_group_scale), packed two per byte, and their scales"
     output = 1
     types = (dtypes.I4,)
+
+
+# ---------------------------------------------------------------- block statistics scaling a tile
+SCALED_TYPES = (dtypes.F32, dtypes.BF16, dtypes.F16)
+
+
+def block_statistic(s):
+    """The one block reduction a block value s is computed from (with literal numbers only), or None."""
+    found, stack, seen = [], [s], set()
+    while stack:
+        v = stack.pop()
+        if v.id in seen:
+            continue
+        seen.add(v.id)
+        if P.family(v.op) is P.Family.BLOCK:
+            found.append(v)
+        elif P.is_literal(v):
+            continue
+        elif v.kind is Kind.BLOCK and P.family(v.op) is P.Family.ELEMENTWISE and P.prim(v.op).cxx is not None:
+            stack.extend(v.args)
+        else:
+            return None      # a runtime scalar, a size, a column vector...: not in the finalize functor
+    if len(found) != 1 or P.reduction(found[0].attrs["fn"]).state != 1:
+        return None
+    return found[0]
+
+
+def match_block_root(b, s):
+    """(y, s, divide, block reduction) when a store is y * s / y / s of a block statistic s, or None."""
+    form = root_form(s.value, block_dependent(b.k))
+    if form is None or s.value.shape.width != 1:
+        return None
+    y, scale, divide = form
+    r = block_statistic(scale)
+    return None if r is None else (y, scale, divide, r)
+
+
+def _block_functor(b, scale, r) -> str:
+    """The struct the node calls: the reduction's identity, pre-map, merge, and s from the statistic."""
+    red = P.reduction(r.attrs["fn"])
+    pre = P.prim(red.pre).cxx.format("x") if red.pre else "x"
+    writer = fn.ExprWriter(pairwise=False)
+    writer.bind(r, ("a0",))
+    value = writer.emit(scale)[0]
+    name = f"epic_block{len(b.functors)}"
+    lines = [f"struct {name} {{  // {red.name} over 1x{r.attrs['block']} blocks, then the scale",
+             f"  CUTLASS_DEVICE static float identity() {{ return {literal(red.identity[0])}; }}",
+             f"  CUTLASS_DEVICE static float pre(float x) {{ return {pre}; }}",
+             f"  CUTLASS_DEVICE static void merge(float& a0, float x0) {{ {red.cxx_merge.format(a0='a0', x0='x0')} }}",
+             "  CUTLASS_DEVICE static float finalize(float a0) {"]
+    lines += [f"    {line}" for line in writer.lines]
+    lines += [f"    return {value};", "  }", "};"]
+    b.functors.append("\n".join(lines))
+    return name
+
+
+class BlockReduceScale(NodeImpl):
+    role = "root"
+    covers = ("a tile times (or divided by) a function of one 1xB block reduction of a tile, e.g. QK-norm's "
+              "h * rsqrt(block_mean(h * h, Dh) + eps) (bf16/f16/f32 outputs), and that block value")
+    header = "epic_nodes/block_reduce_scale.hpp"
+
+    @classmethod
+    def matches(cls, b, s) -> bool:
+        return b.program.tensors[s.tensor].dtype in SCALED_TYPES and match_block_root(b, s) is not None
+
+    @classmethod
+    def claims(cls, b, s) -> list:
+        """The stores of the block value itself: this node writes them."""
+        scale = match_block_root(b, s)[1]
+        return [o for o in b.k.stores if o.value is scale]
+
+    @classmethod
+    def emit(cls, b, s) -> int:
+        t = b.program.tensors[s.tensor]
+        y, scale, divide, r = match_block_root(b, s)
+        block = r.attrs["block"]
+        functor = _block_functor(b, scale, r)
+        inputs = [b.compute(y), b.compute(r.args[0])]
+        scales = cls.claims(b, s)
+        if scales:
+            st = b.program.tensors[scales[0].tensor]
+            el = st.dtype.cutlass
+            p = b.pointer("block_scale", st.name, st.dtype, f"[M, N/{block}] block values")
+            scale_arg = f"static_cast<{el}*>({p})"
+        else:
+            el, scale_arg = "float", "nullptr"
+        b.set_d(t, t.dtype.cutlass, t.dtype.bits, f"[M, N] {t.dtype}, scaled per 1x{block} block")
+        return b.add(cls, f"epic_nodes::Sm90BlockReduceScale<{block}, {functor}, {'true' if divide else 'false'}, {el}>",
+                     f"{{{scale_arg}}}", inputs,
+                     f"1x{block} block {r.attrs['fn']} scale -> {t.name}" + (f", values {scales[0].tensor}" if scales else ""))
 
 
 class PackedInt4Store(NodeImpl):

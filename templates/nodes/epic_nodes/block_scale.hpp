@@ -74,24 +74,15 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
 
   Params params;
 
-  template <int TileM, class SegMap, class CoordTensor, class Residue, class LaneLayout>
+  template <int TileM, class Segs, class CoordTensor, class Residue>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
     CUTLASS_DEVICE
-    ConsumerStoreCallbacks(SegMap tSeg, CoordTensor tCcD, Residue residue_tCcD, LaneLayout lane_layout,
-                           int lane_n, bool cta_in_problem, int M, int N, int m0, int g0,
-                           Params const& params)
-      : tSeg(tSeg), tCcD(tCcD), residue_tCcD(residue_tCcD), lane_layout(lane_layout), lane_n(lane_n),
-        cta_in_problem(cta_in_problem), M(M), N(N), m0(m0), g0(g0), params(params) {}
+    ConsumerStoreCallbacks(Segs seg, CoordTensor tCcD, Residue residue_tCcD, Params const& params)
+      : seg(seg), tCcD(tCcD), residue_tCcD(residue_tCcD), params(params) {}
 
-    SegMap tSeg;           // (CPY,CPY_M,CPY_N,EPI_M,EPI_N), value = row + TileM * segment within the CTA tile
+    Segs seg;              // the segment map, the lanes sharing rows, the CTA tile (detail::BlockSegments)
     CoordTensor tCcD;      // element coordinates relative to the thread's first element
     Residue residue_tCcD;  // (M, N) - absolute coordinate of the thread's first element
-    LaneLayout lane_layout;
-    int lane_n;
-    bool cta_in_problem;
-    int M, N;
-    int m0;                // first row of the CTA tile
-    int g0;                // first segment of the CTA tile (n0 / Block)
     Params const& params;
 
     template <class ElementAccumulator, class ElementInput, int FragmentSize>
@@ -122,12 +113,12 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
       constexpr bool IntegerOut = Output == 1 || std::is_integral<ElementD>::value;
       static_assert(std::is_same<typename Fragment::Element, float>::value, "root fragments must be float");
 
-      if (not cta_in_problem) {  // a CTA outside the problem (cluster padding): nothing is stored
+      if (not seg.cta_in_problem) {  // a CTA outside the problem (cluster padding): nothing is stored
         return;
       }
 
       Tensor tCcD_mn = tCcD(_,_,_,epi_m,epi_n);
-      Tensor tSeg_mn = tSeg(_,_,_,epi_m,epi_n);
+      Tensor tSeg_mn = seg.tSeg(_,_,_,epi_m,epi_n);
       static_assert(decltype(size(tSeg_mn))::value == NumFragments * FragmentSize, "fragment/partition mismatch");
 
       // 1. thread-local amax per (row, segment) slot, valid elements only
@@ -151,15 +142,7 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
       }
 
       // 2. lanes that share the rows: XOR butterfly max
-      constexpr int RowLanes = decltype(size<1>(lane_layout))::value;
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 1; r < RowLanes; r *= 2) {
-        int mask = int(lane_layout(_0{}, r));
-        CUTLASS_PRAGMA_UNROLL
-        for (int s = 0; s < Slots; ++s) {
-          fAmax(s) = fmaxf(fAmax(s), __shfl_xor_sync(0xffffffffu, fAmax(s), mask));
-        }
-      }
+      detail::merge_row_lanes(seg.lane_layout, fAmax, [](float a, float b) { return fmaxf(a, b); });
 
       // 3. scales: the stored copy is rounded to ElementScale; q is divided by the f32 value
       Tensor tScale = make_tensor_like<float>(tSeg_mn.layout());
@@ -210,28 +193,20 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
 
       // 5. one store per (row, segment), spread over the lanes that share the row
       if (params.ptr_scale != nullptr) {
-        int const segs_n = (N + Block - 1) / Block;
-        int const m_pad4 = (M + 3) / 4 * 4;
-        CUTLASS_PRAGMA_UNROLL
-        for (int s = 0; s < Slots; ++s) {
-          if (s % RowLanes == lane_n) {
-            int code = int(fSeg(s));
-            int m = m0 + code % TileM;
-            int g = g0 + code / TileM;
-            if (m < M && g * Block < N) {
-              int64_t idx = ScaleLayout == 0 ? int64_t(m) * segs_n + g : int64_t(g) * m_pad4 + m;
-              params.ptr_scale[idx] = stored[s];
-            }
-          }
-        }
+        int const segs_n = (seg.N + Block - 1) / Block;
+        int const m_pad4 = (seg.M + 3) / 4 * 4;
+        detail::for_each_owned_segment<Block, TileM>(seg, fSeg, [&](int s, int m, int g) {
+          int64_t idx = ScaleLayout == 0 ? int64_t(m) * segs_n + g : int64_t(g) * m_pad4 + m;
+          params.ptr_scale[idx] = stored[s];
+        });
       }
 
       // 6. Output 1: pack column pairs into int4 bytes and store them
       if constexpr (Output == 1) {
         if (params.ptr_q != nullptr) {
-          int64_t const pitch = N / 2;
-          int const m_t = M - int(get<0>(residue_tCcD));
-          int const n_t = N - int(get<1>(residue_tCcD));
+          int64_t const pitch = seg.N / 2;
+          int const m_t = seg.M - int(get<0>(residue_tCcD));
+          int const n_t = seg.N - int(get<1>(residue_tCcD));
           uint8_t* ptr_thread = params.ptr_q + int64_t(m_t) * pitch + (n_t >> 1);
           static_assert(FragmentSize % 2 == 0, "odd fragment size");
           CUTLASS_PRAGMA_UNROLL
@@ -257,35 +232,9 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
     using namespace cute;
     constexpr int TileM = decltype(size<0>(args.tile_shape_mnk))::value;
     constexpr int TileN = decltype(size<1>(args.tile_shape_mnk))::value;
-    constexpr int EpiN = decltype(size<1>(shape(args.epi_tile)))::value;
-    static_assert(EpiN % Block == 0,
-                  "epic_nodes::Sm90BlockScale: the epilogue subtile N must be a multiple of Block; "
-                  "choose an explicit epilogue tile with N >= Block (see tests/probes/README.md)");
-    static_assert(TileN % Block == 0, "epic_nodes::Sm90BlockScale: CTA tile N must be a multiple of Block");
-
-    auto warp_layout = detail::warp_layout_mn<ReferenceSrc>(args.tiled_copy);
-    static_assert(decltype(size<1>(warp_layout))::value == 1,
-                  "epic_nodes::Sm90BlockScale: several warps share a row segment; not supported");
-    auto lane_layout = detail::lane_layout_mn<ReferenceSrc>(args.tiled_copy);
-    int lane_n = detail::lane_n_index(lane_layout, int(threadIdx.x % 32));
-
-    // Segment map: value at (m, n) of the CTA tile is m + TileM * (n / Block); zero stride inside a
-    // segment gives one slot per (row, segment).
-    auto seg_layout = make_layout(
-        make_shape(Int<TileM>{}, make_shape(Int<Block>{}, Int<TileN / Block>{})),
-        make_stride(_1{}, make_stride(_0{}, Int<TileM>{})));
-    auto tSeg = detail::partition_tile_map<ReferenceSrc>(seg_layout, args.epi_tile, args.tiled_copy, args.thread_idx);
-
-    auto [M, N, K, L] = args.problem_shape_mnkl;
-    auto [m, n, k, l] = args.tile_coord_mnkl;
-    int m0 = int(m) * TileM;
-    int n0 = int(n) * TileN;
-    bool cta_in_problem = m0 < int(M) && n0 < int(N);
-
-    return ConsumerStoreCallbacks<TileM, decltype(tSeg), decltype(args.tCcD), decltype(args.residue_tCcD),
-                                  decltype(lane_layout)>(
-        tSeg, args.tCcD, args.residue_tCcD, lane_layout, lane_n, cta_in_problem,
-        int(M), int(N), m0, n0 / Block, params);
+    auto seg = detail::block_segments<ReferenceSrc, Block, TileM, TileN>(args);
+    return ConsumerStoreCallbacks<TileM, decltype(seg), decltype(args.tCcD), decltype(args.residue_tCcD)>(
+        seg, args.tCcD, args.residue_tCcD, params);
   }
 };
 

@@ -88,6 +88,84 @@ lane_n_index(LaneLayout const& lane_layout, int lane_idx) {
   return int(crd2idx(get<1>(lane_mn), shape<1>(lane_layout)));
 }
 
+// What a 1 x Block segment node (Sm90BlockScale, Sm90BlockReduceScale) needs to find its slots: the
+// segment map (value at (m, n) of the CTA tile = m + TileM * (n / Block); zero stride inside a segment,
+// so one slot per (row, segment)), partitioned like the accumulator; the lanes sharing the rows; where
+// the CTA tile starts. Asserts the shapes a segment node can handle.
+template <class SegMap, class LaneLayout>
+struct BlockSegments {
+  SegMap tSeg;             // (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
+  LaneLayout lane_layout;  // (lane_m, lane_n) -> lane
+  int lane_n;              // this lane's index among the lanes sharing its rows
+  bool cta_in_problem;     // false for a CTA of cluster padding
+  int M, N;
+  int m0;                  // first row of the CTA tile
+  int g0;                  // first segment of the CTA tile (n0 / Block)
+};
+
+template <bool ReferenceSrc, int Block, int TileM, int TileN, class Args>
+CUTLASS_DEVICE auto
+block_segments(Args const& args) {
+  constexpr int EpiN = decltype(size<1>(shape(args.epi_tile)))::value;
+  static_assert(EpiN % Block == 0,
+                "epic_nodes: the epilogue subtile N must be a multiple of Block; choose an explicit "
+                "epilogue tile with N >= Block (see tests/probes/README.md)");
+  static_assert(TileN % Block == 0, "epic_nodes: CTA tile N must be a multiple of Block");
+  auto warp_layout = warp_layout_mn<ReferenceSrc>(args.tiled_copy);
+  static_assert(decltype(size<1>(warp_layout))::value == 1,
+                "epic_nodes: several warps share a row segment; not supported");
+  auto lane_layout = lane_layout_mn<ReferenceSrc>(args.tiled_copy);
+  int lane_n = lane_n_index(lane_layout, int(threadIdx.x % 32));
+  auto seg_layout = make_layout(
+      make_shape(Int<TileM>{}, make_shape(Int<Block>{}, Int<TileN / Block>{})),
+      make_stride(_1{}, make_stride(_0{}, Int<TileM>{})));
+  auto tSeg = partition_tile_map<ReferenceSrc>(seg_layout, args.epi_tile, args.tiled_copy, args.thread_idx);
+  auto [M, N, K, L] = args.problem_shape_mnkl;
+  auto [m, n, k, l] = args.tile_coord_mnkl;
+  int m0 = int(m) * TileM;
+  int n0 = int(n) * TileN;
+  return BlockSegments<decltype(tSeg), decltype(lane_layout)>{
+      tSeg, lane_layout, lane_n, m0 < int(M) && n0 < int(N), int(M), int(N), m0, n0 / Block};
+}
+
+// Merges each slot of f (a filtered register tensor) with the same slot of the lanes that share its
+// rows: an XOR butterfly, after which every such lane holds merge(...) of all of them. With a
+// commutative merge the lanes end with the same bits.
+template <class LaneLayout, class FTensor, class Merge>
+CUTLASS_DEVICE void
+merge_row_lanes(LaneLayout const& lane_layout, FTensor&& f, Merge const& merge) {
+  constexpr int RowLanes = decltype(size<1>(lane_layout))::value;
+  constexpr int Slots = decltype(size(f))::value;
+  CUTLASS_PRAGMA_UNROLL
+  for (int r = 1; r < RowLanes; r *= 2) {
+    int mask = int(lane_layout(_0{}, r));
+    CUTLASS_PRAGMA_UNROLL
+    for (int s = 0; s < Slots; ++s) {
+      f(s) = merge(f(s), __shfl_xor_sync(0xffffffffu, f(s), mask));
+    }
+  }
+}
+
+// Calls fn(slot, m, g) once per (row m, segment g) inside the problem, spread over the lanes that
+// share the row: the one store per segment a segment node makes. fSeg: the filtered segment map.
+template <int Block, int TileM, class Segs, class FSeg, class Fn>
+CUTLASS_DEVICE void
+for_each_owned_segment(Segs const& seg, FSeg const& fSeg, Fn const& fn) {
+  constexpr int RowLanes = decltype(size<1>(seg.lane_layout))::value;
+  constexpr int Slots = decltype(size(fSeg))::value;
+  CUTLASS_PRAGMA_UNROLL
+  for (int s = 0; s < Slots; ++s) {
+    if (s % RowLanes == seg.lane_n) {
+      int code = int(fSeg(s));
+      int m = seg.m0 + code % TileM;
+      int g = seg.g0 + code / TileM;
+      if (m < seg.M && g * Block < seg.N) {
+        fn(s, m, g);
+      }
+    }
+  }
+}
+
 // Online log-sum-exp merge of (m1, s1) and (m2, s2): m = max, s = s1*exp(m1-m) + s2*exp(m2-m).
 // A side whose max equals the merged max keeps its sum unscaled, so -inf with -inf gives (-inf, 0)
 // (no -inf - -inf). Symmetric bit for bit: merge(a, b) == merge(b, a).

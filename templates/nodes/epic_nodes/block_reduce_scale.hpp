@@ -1,0 +1,159 @@
+// epic_nodes::Sm90BlockReduceScale<Block, Fn, Divide, ElementScale>: the ROOT of an epilogue DAG that
+// scales its first child y by a statistic of each 1 x Block row segment of its second child z.
+//
+// For every row m and column segment g = n / Block (valid columns only):
+//   stat = Fn::identity(), then Fn::merge(stat, Fn::pre(z[m, n]))   over n in the segment
+//   s    = Fn::finalize(stat)                                         (a generated functor)
+//   D    = y * s            (Divide: y / s, IEEE fp32 division)       converted and stored by the collective
+//   ptr_scale, when given: ElementScale(s) at [m * ceil(N / Block) + g]   (row-major [M, ceil(N/Block)])
+//
+// QK-norm after epic's hoist-block-scale pass: y = rope(acc * gamma, pos, freq), z = acc * acc,
+// Fn = sum with finalize rsqrt(stat / Dh + eps): one epilogue, no second pass over the output.
+//
+//   struct Fn { static float identity(); static float pre(float); static void merge(float&, float);
+//               static float finalize(float); };     (all CUTLASS_DEVICE; merge commutative)
+//   using Node = epic_nodes::Sm90BlockReduceScale<128, Fn, false, float>;
+//   Arguments: {ElementScale* ptr_scale}
+//
+// z is reduced while the subtile is visited: visit() merges each valid element into a thread-local slot
+// per (row, segment) of the subtile; reduce() merges the slots over the lanes that share the rows (XOR
+// butterfly: every lane ends with the same bits, whatever its position), rewrites the subtile and resets
+// the slots. Requirements as Sm90BlockScale's: a segment never spans two subtiles, one warp owns each
+// subtile row. Registers only, no shared memory, deterministic.
+#pragma once
+
+#include "epic_nodes/detail.hpp"
+
+namespace epic_nodes {
+
+template <int Block, class Fn, bool Divide, class ElementScale>
+struct Sm90BlockReduceScale : detail::NoWorkspaceNoLoads {
+  static_assert(Block >= 8 && Block <= 256 && (Block & (Block - 1)) == 0,
+                "epic_nodes::Sm90BlockReduceScale: Block must be a power of two in [8, 256]");
+
+  struct SharedStorage {};
+
+  struct Arguments {
+    ElementScale* ptr_scale = nullptr;  // nullptr: scale, but store no statistic
+  };
+
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params
+  to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) { return args; }
+
+  template <class ProblemShape>
+  static bool
+  can_implement(ProblemShape const&, Arguments const&) { return true; }
+
+  CUTLASS_HOST_DEVICE Sm90BlockReduceScale() {}
+  CUTLASS_HOST_DEVICE Sm90BlockReduceScale(Params const& params, SharedStorage const&) : params(params) {}
+
+  Params params;
+
+  template <int TileM, class Segs, class StatTensor, class CoordTensor, class Residue>
+  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE
+    ConsumerStoreCallbacks(Segs seg, StatTensor tStat, CoordTensor tCcD, Residue residue_tCcD, Params const& params)
+      : seg(seg), tStat(tStat), tCcD(tCcD), residue_tCcD(residue_tCcD), params(params) {
+      reset();
+    }
+
+    Segs seg;              // the segment map, the lanes sharing rows, the CTA tile (detail::BlockSegments)
+    StatTensor tStat;      // one register per (row, segment) slot of the current subtile
+    CoordTensor tCcD;      // element coordinates relative to the thread's first element
+    Residue residue_tCcD;  // (M, N) - absolute coordinate of the thread's first element
+    Params const& params;
+
+    CUTLASS_DEVICE void reset() {
+      auto fStat = cute::filter(tStat);
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < cute::size(fStat); ++s) {
+        fStat(s) = Fn::identity();
+      }
+    }
+
+    // y passes through (as float); each valid z element is merged into its slot. The collective calls
+    // this for every fragment of a subtile (epi_v unrolled: the slot index is static) before reduce().
+    template <class ElementAccumulator, class ElementY, class ElementZ, int FragmentSize>
+    CUTLASS_DEVICE cutlass::Array<float, FragmentSize>
+    visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n,
+          cutlass::Array<ElementY, FragmentSize> const& frg_y, cutlass::Array<ElementZ, FragmentSize> const& frg_z) {
+      using namespace cute;
+      Tensor tCcD_mn = tCcD(_,_,_,epi_m,epi_n);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) {
+        int k = epi_v * FragmentSize + i;
+        if (elem_less(tCcD_mn(k), residue_tCcD)) {
+          float a = tStat(k);
+          Fn::merge(a, Fn::pre(float(frg_z[i])));
+          tStat(k) = a;
+        }
+      }
+      cutlass::NumericArrayConverter<float, ElementY, FragmentSize> convert;
+      return convert(frg_y);
+    }
+
+    template <class STensor, class SyncFn, class VTensor>
+    CUTLASS_DEVICE void
+    reduce(STensor&&, SyncFn const&, int epi_m, int epi_n, bool, VTensor visit_results) {
+      using namespace cute;
+      using Fragment = typename cute::remove_cvref_t<VTensor>::value_type;
+      constexpr int FragmentSize = Fragment::kElements;
+      constexpr int NumFragments = decltype(size(visit_results))::value;
+      static_assert(std::is_same<typename Fragment::Element, float>::value, "root fragments must be float");
+
+      if (not seg.cta_in_problem) {  // a CTA outside the problem (cluster padding): nothing is stored
+        reset();
+        return;
+      }
+      Tensor tSeg_mn = seg.tSeg(_,_,_,epi_m,epi_n);
+      static_assert(decltype(size(tSeg_mn))::value == NumFragments * FragmentSize, "fragment/partition mismatch");
+      Tensor fStat = filter(tStat);
+      Tensor fSeg = filter(tSeg_mn);
+      constexpr int Slots = decltype(size(fStat))::value;
+      static_assert(decltype(size(fSeg))::value == Slots, "segment map and slots disagree");
+
+      // 1. lanes that share the rows: XOR butterfly merge
+      detail::merge_row_lanes(seg.lane_layout, fStat, [](float a, float b) { Fn::merge(a, b); return a; });
+
+      // 2. the statistic's value per slot (in place), then the subtile rewritten
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < Slots; ++s) {
+        fStat(s) = Fn::finalize(fStat(s));
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int v = 0; v < NumFragments; ++v) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; ++i) {
+          float s = tStat(v * FragmentSize + i);
+          visit_results(v)[i] = Divide ? __fdiv_rn(visit_results(v)[i], s) : visit_results(v)[i] * s;
+        }
+      }
+
+      // 3. one store per (row, segment), spread over the lanes that share the row
+      if (params.ptr_scale != nullptr) {
+        int const segs_n = (seg.N + Block - 1) / Block;
+        detail::for_each_owned_segment<Block, TileM>(seg, fSeg, [&](int s, int m, int g) {
+          params.ptr_scale[int64_t(m) * segs_n + g] = cutlass::NumericConverter<ElementScale, float>{}(fStat(s));
+        });
+      }
+      reset();
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto
+  get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
+    using namespace cute;
+    constexpr int TileM = decltype(size<0>(args.tile_shape_mnk))::value;
+    constexpr int TileN = decltype(size<1>(args.tile_shape_mnk))::value;
+    auto seg = detail::block_segments<ReferenceSrc, Block, TileM, TileN>(args);
+    auto tStat = make_tensor_like<float>(seg.tSeg(_,_,_,_0{},_0{}).layout());
+    return ConsumerStoreCallbacks<TileM, decltype(seg), decltype(tStat), decltype(args.tCcD),
+                                  decltype(args.residue_tCcD)>(seg, tStat, args.tCcD, args.residue_tCcD, params);
+  }
+};
+
+} // namespace epic_nodes
