@@ -42,6 +42,8 @@ PROGRAMS = {
     "tests/programs/quant_no_scales.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 64)),
     "samples/qk_norm_rope.epi": lambda m, n, k: dict(M=m, D=k, H=max(1, n // 128), Dh=128),
     "tests/programs/block_stats.epi": lambda m, n, k: dict(M=m, K=k, N=n, P=_up(n, 64)),
+    "tests/programs/f16_accumulate.epi": lambda m, n, k: dict(M=m, K=_up(k, 16), N=_up(n, 16)),
+    "samples/f16_accumulate.epi": lambda m, n, k: dict(M=m, K=k, N=n),
 }
 # (M, N, K): tile multiples, then ragged (M = 1, 77, 8191; N, K not multiples of 128). M <= 256 gets
 # the pingpong 64x64 configuration, larger M the cooperative 128x256 one.
