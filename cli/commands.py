@@ -130,8 +130,14 @@ def cmd_ref(args) -> int:
 def cmd_plan(args) -> int:
     from epic.plan import ledger, planner
     analysis = pipeline.analyze(args.file, path=True)
-    plan = planner.make_plan(analysis.program, _sizes(analysis.program, args.shape))
+    sizes = _sizes(analysis.program, args.shape)
+    plan = planner.make_plan(analysis.program, sizes)
     print(ledger.render(plan, analysis.source_program))
+    if args.tuned:
+        from pathlib import Path
+        from epic.tuning import report
+        print()
+        print(report.render(analysis.program, sizes, Path(args.db) if args.db else None))
     return 0
 
 

@@ -60,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("plan", help=COMMANDS["plan"], description=COMMANDS["plan"])
     c.add_argument("file", metavar="FILE")
     c.add_argument("--shape", required=True, help="sizes of the program's dimensions, e.g. M=8192,D=4096,F=14336")
+    c.add_argument("--tuned", action="store_true", help="also print what `epic tune` measured at these sizes: "
+                   "the fused kernels against the unfused torch form, per GPU")
+    c.add_argument("--db", metavar="FILE", help="with --tuned: the tuning database (default: $EPIC_TUNING, else "
+                   "tuning.json in the kernel cache)")
 
     c = sub.add_parser("compile", help=COMMANDS["compile"], description=COMMANDS["compile"])
     c.add_argument("file", metavar="FILE")

@@ -52,6 +52,7 @@ CODES = {
     "E605": "tensor with unsupported strides",
     "E606": "tensor not 16-byte aligned",
     "E607": "bad or missing dimension sizes",
+    "E608": "bad argument to epic.compile (an unknown fallback policy)",
     "E701": "the generated CUDA failed to compile (a bug in epic; the .cu is kept)",
     "E702": "not supported by code generation yet",
     "E703": "no CUDA device or the kernel launch failed",
@@ -140,7 +141,7 @@ class EpicError(Exception):
         return max(exit_status(d.code) for d in self.diagnostics)
 
 
-_ENVIRONMENT = {"E607", "E703", "E704", "E705", "E706", "E707", "E801", "E802"}
+_ENVIRONMENT = {"E607", "E608", "E703", "E704", "E705", "E706", "E707", "E801", "E802"}
 _BUGS = {"E599", "E701"}
 
 

@@ -41,12 +41,16 @@ def round_to(x: torch.Tensor, dt: DType, exact: bool) -> torch.Tensor:
         x = torch.clamp(x, dt.min_finite, dt.max_finite)
     if exact:
         return x
-    return x.to(getattr(torch, dt.torch_name)).to(F64)
+    return x.to(getattr(torch, dt.torch_name)).to(x.dtype)
 
 
 class Interpreter:
     """Evaluates a program; also the context that primitives' `ref` functions read (sizes, the
-    accumulator, tensors, the tile of partials)."""
+    accumulator, tensors, the tile of partials). A subclass may compute in another dtype on another
+    device (epic/runtime/unfused.py: the program as eager torch ops on the GPU)."""
+
+    dtype = F64          # what values are computed in
+    device = "cpu"
 
     def __init__(self, program: Program, sizes: dict[str, int], exact: bool = True,
                  tiles: dict[str, tuple[int, int]] | None = None):
@@ -66,18 +70,17 @@ class Interpreter:
         results, so that each later kernel is checked on exactly the inputs it saw)."""
         for t in self.program.inputs():
             if t.is_scalar:
-                value = sizes_mod.scalar_value(t, inputs.get(t.name), finite=False)
-                self.store[t.name] = torch.tensor(value, dtype=F64)
+                self.store[t.name] = self.scalar(t, inputs.get(t.name))
             else:
-                self.store[t.name] = _tensor_input(t, inputs.get(t.name))
+                self.store[t.name] = self.input(t, inputs.get(t.name))
         for k in self.program.kernels:
             self.kernel = k
             self.m, self.n = sizes_mod.evaluate(k.rows, self.sizes), sizes_mod.evaluate(k.n, self.sizes)
-            self.seed = {"acc": self.store[k.a] @ self.store[k.b]} if k.kind == "gemm" else {}
+            self.seed = {"acc": self.matmul(k)} if k.kind == "gemm" else {}
             self._epilogue(k)
             for s in k.stores:
                 if override and s.tensor in override:
-                    self.store[s.tensor] = override[s.tensor].detach().to("cpu", F64)
+                    self.store[s.tensor] = override[s.tensor].detach().to(self.device, self.dtype)
         return {t.name: self.store[t.name] for t in self.program.outputs()}
 
     def _epilogue(self, k) -> None:
@@ -96,6 +99,19 @@ class Interpreter:
         if p.family in _ALIGNED:
             args = _aligned(v, args)
         return p.ref(args, v.attrs)
+
+    def scalar(self, t, x) -> torch.Tensor:
+        """A scalar argument (or its default) as a 0-d tensor."""
+        value = sizes_mod.scalar_value(t, x, finite=False)
+        return torch.tensor(value, dtype=self.dtype, device=self.device)
+
+    def input(self, t, x) -> torch.Tensor:
+        """A tensor argument as the interpreter holds it (float64 on the CPU)."""
+        return _tensor_input(t, x)
+
+    def matmul(self, k) -> torch.Tensor:
+        """A gemm's exact product A @ B."""
+        return self.store[k.a] @ self.store[k.b]
 
     # ------------------------------------------------------------------ the context refs read
     def accumulator(self) -> torch.Tensor:
@@ -117,12 +133,12 @@ class Interpreter:
         return x
 
     def dim_value(self, dim) -> torch.Tensor:
-        return torch.tensor(float(sizes_mod.evaluate(dim, self.sizes)), dtype=F64)
+        return torch.tensor(float(sizes_mod.evaluate(dim, self.sizes)), dtype=self.dtype, device=self.device)
 
     def coordinate(self, axis: str) -> torch.Tensor:
         if axis == "row":
-            return torch.arange(self.m, dtype=F64).reshape(self.m, 1)
-        return torch.arange(self.n, dtype=F64).reshape(1, self.n)
+            return torch.arange(self.m, dtype=self.dtype, device=self.device).reshape(self.m, 1)
+        return torch.arange(self.n, dtype=self.dtype, device=self.device).reshape(1, self.n)
 
     def round(self, x: torch.Tensor, dt: DType) -> torch.Tensor:
         return round_to(x, dt, self.exact)
@@ -144,7 +160,7 @@ class Interpreter:
         m, w = x.shape
         nb = -(-w // block)
         if nb * block > w:
-            x = torch.cat((x, torch.full((m, nb * block - w), r.identity[0], dtype=x.dtype)), dim=1)
+            x = torch.cat((x, torch.full((m, nb * block - w), r.identity[0], dtype=x.dtype, device=x.device)), dim=1)
         return r.ref_partial(x.reshape(m, nb, block))
 
     def tile(self) -> tuple[int, int]:
@@ -165,12 +181,12 @@ class Interpreter:
         count, length = lanes.shape
         tiles = -(-length // size)
         if tiles * size > length:
-            fill = torch.full((count, tiles * size - length), r.identity[0], dtype=x.dtype)
+            fill = torch.full((count, tiles * size - length), r.identity[0], dtype=x.dtype, device=x.device)
             lanes = torch.cat((lanes, fill), dim=1)
         state = r.ref_partial(lanes.reshape(count, tiles, size)).transpose(0, 1)     # [tiles, count (, k)]
         shape = layouts.partial_shape(axis, rows, width, tm, tn, r.state)
-        out = torch.tensor(r.identity, dtype=F64).expand(shape).clone() if r.state > 1 else \
-            torch.full(shape, r.identity[0], dtype=F64)
+        out = torch.tensor(r.identity, dtype=self.dtype, device=self.device).expand(shape).clone() if r.state > 1 \
+            else torch.full(shape, r.identity[0], dtype=self.dtype, device=self.device)
         out[:, :count] = state
         return out
 

@@ -291,6 +291,30 @@ def test_compiled_call_path_gives_the_python_paths_bytes(name, size):
     assert set(outputs) == {t.name for t in prog.outputs}
 
 
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_the_unfused_form_on_the_gpu_matches_the_kernels(name):
+    """fallback="eager" (runtime/unfused.py: cuBLAS with an f32 output, then torch ops) against the
+    fused kernels' outputs on the same inputs: the same meaning, to the outputs' tolerance."""
+    sizes = PROGRAMS[name](300, 264, 136)
+    fused = compiled(name)
+    inputs = to_device(fused.program, make_inputs(fused.analysis.source_program, sizes, seed=seed_of("unfused", name)))
+    want = fused(**inputs)
+    got = epic.compile(path(name), fallback="eager")(**inputs)
+    torch.cuda.synchronize()
+    assert set(got) == set(want)
+    fp8 = any(fused.program.tensors[k.a].dtype.name in ("e4m3", "e5m2") for k in fused.program.kernels if hasattr(k, "a"))
+    f16_acc = any(getattr(k, "acc", None) is dtypes.F16 for k in fused.program.kernels)
+    chain = any(t.role == "tmp" for t in fused.program.tensors.values())
+    for t in fused.outputs:
+        assert got[t.name].dtype == want[t.name].dtype and got[t.name].shape == want[t.name].shape, t.name
+        if chain and t.dtype.name in ("bf16", "f16"):       # a bf16 intermediate one step apart, carried on
+            g, w = got[t.name].double().cpu(), want[t.name].double().cpu()
+            assert ((g - w).abs() <= 2 ** -6 * w.abs() + 2 ** -6 * w.abs().max()).all(), t.name
+            continue
+        check_close(t.name, as_values(got[t.name], t.dtype.name), as_values(want[t.name], t.dtype.name),
+                    t.dtype.name, fp8_gemm=fp8, f16_acc=f16_acc)
+
+
 def test_wrong_tensors_are_refused_before_launch():
     prog = epic.compile(path("samples/bias_gelu.epi"))
     sizes = dict(M=64, K=128, N=256)

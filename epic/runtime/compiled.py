@@ -23,12 +23,33 @@ from . import binding, build, custom_op, fastcall, loader
 from .validate import scalar_value, signature, validate
 
 
-def compile(path_or_source: str, config: dict[str, dict] | None = None) -> "CompiledProgram":
+FALLBACKS = ("never", "auto", "eager", "compiled")
+
+
+def compile(path_or_source: str, config: dict[str, dict] | None = None, fallback: str = "never") -> "CompiledProgram":
     """Parse, check and rewrite a program (a path to an .epi file, or its text). Kernels are built
     lazily on the first call for a given row count (or ahead with CompiledProgram.build).
-    config: per-gemm overrides, e.g. {"o_proj": {"tile": (128, 128, 64), "schedule": "cooperative"}}."""
+    config: per-gemm overrides, e.g. {"o_proj": {"tile": (128, 128, 64), "schedule": "cooperative"}}.
+    fallback: "never" runs the fused kernels; "auto" runs the program's unfused torch form
+    (runtime/unfused.py) at the shapes where `epic tune` measured it faster on this GPU; "eager" and
+    "compiled" always run that form (eager, or traced and torch.compile'd; no GPU needed)."""
     analysis = pipeline.analyze(path_or_source)
-    return CompiledProgram(analysis, options.check_config(config, _gemms(analysis.program)))
+    return CompiledProgram(analysis, options.check_config(config, _gemms(analysis.program)), _policy(fallback))
+
+
+def _policy(fallback) -> str:
+    if not isinstance(fallback, str) or fallback not in FALLBACKS:
+        raise error("E608", f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}", None,
+                    'fallback="auto" runs the unfused torch form where `epic tune` measured it faster than the '
+                    "fused kernels")
+    return str(fallback)
+
+
+class _Unfused:
+    """A bound signature that runs the unfused torch form (fallback "auto" decided it, at bind time)."""
+
+    def __init__(self, compiled: bool):
+        self.compiled = compiled
 
 
 def _gemms(program) -> dict:
@@ -68,10 +89,12 @@ def _current_stream(device: torch.device) -> int:
 
 
 class CompiledProgram:
-    def __init__(self, analysis, config: dict[str, dict] | None = None):
+    def __init__(self, analysis, config: dict[str, dict] | None = None, fallback: str = "never"):
         self.analysis = analysis
         self.program = analysis.program
         self.config = config or {}
+        self.fallback = _policy(fallback)
+        self._unfused_form = None
         self._bound: dict[tuple, binding.Bound] = {}     # input signature -> bound plan
         self._libraries: dict[tuple, list] = {}          # kernel configurations -> (spec, library) per kernel
         self._lock = threading.Lock()
@@ -115,6 +138,24 @@ class CompiledProgram:
         """Build every kernel for these sizes (default: the large-M configuration); no GPU needed."""
         return build.build_all([u for _, u in self.units(sizes)], jobs)
 
+    @property
+    def unfused(self):
+        """The program's unfused torch form (runtime/unfused.py): unfused(**args), unfused(compiled=True, **args)."""
+        if self._unfused_form is None:
+            from .unfused import Unfused
+            self._unfused_form = Unfused(self.program, self.analysis.source_program)
+        return self._unfused_form
+
+    def unfused_choice(self, sizes: dict[str, int], device=None) -> str | None:
+        """Under fallback="auto": "eager" or "compiled" where the tuning database says that unfused form
+        beat the fused kernels at these sizes on this GPU, else None (the fused kernels run)."""
+        gpu = _gpu_name(device)
+        if self.fallback != "auto" or gpu is None:
+            return None
+        entry = database.entries(self.program, sizes).get(gpu)
+        best = database.verdict(entry) if entry else None
+        return best[0] if best and best[0] != "fused" else None
+
     def reference(self, exact: bool = True, **tensors) -> dict[str, torch.Tensor]:
         """The float64 reference interpreter on the same inputs (on the CPU)."""
         return reference.run(self.analysis.source_program, tensors, exact=exact)
@@ -128,6 +169,8 @@ class CompiledProgram:
         The first call with given shapes/dtypes/strides validates everything and binds a plan; later
         calls with the same signature re-check alignment and scalar values (pointers change, layouts
         do not), in the compiled call path (runtime/fastcall.py) where it is available."""
+        if self.fallback in ("eager", "compiled") and not positional:
+            return self.unfused(compiled=self.fallback == "compiled", **args)
         fast = self._fast
         if fast is not None and not positional and not poison:
             result = self._call_fast(fast, args, keep)
@@ -141,10 +184,16 @@ class CompiledProgram:
         bound = self._bound.get(key)
         if bound is None:
             tensors, _, device, sizes = validate(self.program, args)
-            bound = self._bind(sizes, device)
-            self._bound[key] = bound
-            if device.type == "cuda":
-                self._register_fast(bound, [tensors[n] for n in self._tensor_names])
+            choice = self.unfused_choice(sizes, device)
+            if choice is not None:
+                bound = self._bound[key] = _Unfused(choice == "compiled")
+            else:
+                bound = self._bind(sizes, device)
+                self._bound[key] = bound
+                if device.type == "cuda":
+                    self._register_fast(bound, [tensors[n] for n in self._tensor_names])
+        if isinstance(bound, _Unfused):
+            return self.unfused(compiled=bound.compiled, **args)
         else:
             for name in bound.tensor_names:
                 if args[name].data_ptr() % 16:

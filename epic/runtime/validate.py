@@ -13,8 +13,9 @@ from ..diagnostics import EpicError, error
 from ..ir.core import Program, Tensor
 
 
-def validate(program: Program, args: dict) -> tuple[dict, dict, torch.device, dict]:
-    """(tensors, scalars, device, sizes) of a call, or the first problem as a diagnostic."""
+def validate(program: Program, args: dict, cuda: bool = True) -> tuple[dict, dict, torch.device, dict]:
+    """(tensors, scalars, device, sizes) of a call, or the first problem as a diagnostic. cuda=False:
+    any one device will do (the unfused torch form, epic/runtime/unfused.py)."""
     expected = {t.name: t for t in program.inputs()}
     sizes_mod.check_names(program, args)
     tensors, scalars = {}, {}
@@ -46,7 +47,7 @@ def validate(program: Program, args: dict) -> tuple[dict, dict, torch.device, di
     device = None
     for name, x in tensors.items():
         t = expected[name]
-        if x.device.type != "cuda":
+        if cuda and x.device.type != "cuda":
             raise error("E604", f"'{name}' is on {x.device}; kernels run on a CUDA device", t.span,
                         f"move it: {name}.cuda()")
         if device is None:

@@ -111,6 +111,36 @@ def lookup(program, sizes: dict[str, int], gpu: str, gemms: dict, file: Path | N
         return {}
 
 
+def entries(program, sizes: dict[str, int], file: Path | None = None) -> dict[str, dict]:
+    """GPU name -> entry, for every GPU the database holds this program at these sizes for."""
+    fp, rest = fingerprint(program), f"|{bucket(program, sizes)}|{versions()}"
+    out = {}
+    for k, entry in load(file).items():
+        if k.startswith(fp + "|") and k.endswith(rest) and isinstance(entry, dict):
+            out[k[len(fp) + 1:len(k) - len(rest)]] = entry
+    return out
+
+
+def _ms(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1e9 else None
+
+
+def verdict(entry: dict) -> tuple[str, float] | None:
+    """Which form the entry measured fastest -- "fused", "eager" or "compiled" (the unfused torch form)
+    -- and how much faster it is than the best of the others; None without unfused timings."""
+    unfused = entry.get("unfused") if isinstance(entry, dict) else None
+    fused = _ms(entry.get("ms")) if isinstance(entry, dict) else None
+    if not isinstance(unfused, dict) or fused is None:
+        return None
+    times = {"fused": fused, **{form: ms for form in ("eager", "compiled")
+                                if (ms := _ms(unfused.get(f"{form}_ms"))) is not None}}
+    if len(times) < 2:
+        return None
+    best = min(times, key=times.get)
+    second = min(ms for form, ms in times.items() if form != best)
+    return best, second / times[best]
+
+
 def store(program, sizes: dict[str, int], gpu: str, entry: dict, file: Path | None = None) -> str:
     """Add or replace the entry for this program, sizes and GPU; the file is replaced atomically
     (a reader sees the old or the new database, never half of one). Returns the key."""

@@ -3,8 +3,10 @@
 Gemm by gemm, in program order (a chain's later gemms are tuned with the earlier ones' winners in
 place): the candidates of tuning/space.py are built all at once (parallel nvcc), then each is timed
 as the whole program's call (so a configuration that makes a combine kernel slower loses) on the
-same random inputs. A candidate that cannot be built or launched is reported and skipped. The
-result goes to the tuning database, which epic.compile consults from then on.
+same random inputs. A candidate that cannot be built or launched is reported and skipped. Then the
+program's unfused torch form (runtime/unfused.py) is timed on the same inputs, eager and compiled:
+the baseline fusion must beat (`epic plan --tuned` prints the comparison; fallback="auto" runs the
+faster form). The result goes to the tuning database, which epic.compile consults from then on.
 """
 from __future__ import annotations
 
@@ -53,9 +55,11 @@ def device_inputs(program, sizes: dict[str, int], seed: int = 0) -> dict:
 
 
 def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int = 20, jobs: int | None = None,
-         database_file=None, gpu: str | None = None, timer=None, builder=None, report=print) -> Result:
+         database_file=None, gpu: str | None = None, timer=None, builder=None, report=print,
+         unfused_timer=None) -> Result:
     """Tune every gemm of a program at these sizes; stores and returns the result.
-    timer(prog, inputs) -> ms and builder(units) exist for tests; by default the GPU times the call."""
+    timer(prog, inputs) -> ms, unfused_timer(unfused, inputs) -> the entry's "unfused" dict and
+    builder(units) exist for tests; by default the GPU times the calls."""
     import torch
     from ..runtime.compiled import CompiledProgram
     analysis = pipeline.analyze(path_or_source)
@@ -105,6 +109,14 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
         report(f"  -> {winner.config}")
     entry = {"configs": best, "ms": round(ms, 4), "heuristic_ms": round(heuristic_ms or ms, 4),
              "measured": datetime.date.today().isoformat(), "sizes": dict(sizes), "candidates": len(trials)}
+    unfused_timer = unfused_timer or (_time_unfused if timer is _time_on_gpu else None)
+    if unfused_timer is not None:
+        from ..runtime.unfused import Unfused
+        entry["unfused"] = unfused_timer(Unfused(program, analysis.source_program), inputs)
+        for form in ("eager", "compiled"):
+            got = entry["unfused"].get(f"{form}_ms")
+            report(f"unfused torch form, {form}: " + (f"{got:.3f} ms ({got / ms:.3f}x the fused)" if got
+                                                      else entry["unfused"].get(f"{form}_error", "not timed")))
     key = database.store(program, sizes, gpu, entry, database_file)
     return Result(key, best, ms, heuristic_ms or ms, trials)
 
@@ -133,3 +145,20 @@ def _no_candidate(gemm: str, trials: list[Trial]):
 
 def _time_on_gpu(prog, inputs: dict) -> float:
     return measure.median_ms(lambda: prog(**inputs))
+
+
+def _time_unfused(unfused, inputs: dict) -> dict:
+    """The unfused form's times, eager and compiled (with how long compiling took); a form that fails
+    (torch.compile refusing a graph) is recorded with why, not raised."""
+    import time
+    out: dict = {}
+    for form, compiled in (("eager", False), ("compiled", True)):
+        try:
+            start = time.perf_counter()
+            unfused(compiled=compiled, **inputs)
+            if compiled:
+                out["compile_s"] = round(time.perf_counter() - start, 1)
+            out[f"{form}_ms"] = round(measure.median_ms(lambda: unfused(compiled=compiled, **inputs)), 4)
+        except Exception as e:      # noqa: BLE001 -- a baseline that cannot run is a finding, not a crash
+            out[f"{form}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+    return out
