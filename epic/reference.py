@@ -100,10 +100,13 @@ class Interpreter:
             args = _aligned(v, args)
         return p.ref(args, v.attrs)
 
+    def constant(self, value: float) -> torch.Tensor:
+        """A literal number as a 0-d tensor."""
+        return torch.tensor(value, dtype=self.dtype, device=self.device)
+
     def scalar(self, t, x) -> torch.Tensor:
         """A scalar argument (or its default) as a 0-d tensor."""
-        value = sizes_mod.scalar_value(t, x, finite=False)
-        return torch.tensor(value, dtype=self.dtype, device=self.device)
+        return self.constant(sizes_mod.scalar_value(t, x, finite=False))
 
     def input(self, t, x) -> torch.Tensor:
         """A tensor argument as the interpreter holds it (float64 on the CPU)."""
@@ -133,7 +136,7 @@ class Interpreter:
         return x
 
     def dim_value(self, dim) -> torch.Tensor:
-        return torch.tensor(float(sizes_mod.evaluate(dim, self.sizes)), dtype=self.dtype, device=self.device)
+        return self.constant(float(sizes_mod.evaluate(dim, self.sizes)))
 
     def coordinate(self, axis: str) -> torch.Tensor:
         if axis == "row":

@@ -303,7 +303,7 @@ _PRIMS = [
               reads="tensor", show=lambda a: a["tensor"] + (f" every {a['period']} columns" if "period" in a else ""),
               doc="a program input or an earlier gemm's stored tensor"),
     Primitive("const", Family.SOURCE, 0, lambda args, attrs: (attrs["dtype"], SCALAR),
-              ref=lambda it, v, xs: torch.tensor(float(v.attrs["value"]), dtype=torch.float64), context=True,
+              ref=lambda it, v, xs: it.constant(float(v.attrs["value"])), context=True,
               show=lambda a: _fmt_num(a["value"]) if a["dtype"].is_int else repr(float(a["value"])),
               doc="a literal number"),
     Primitive("dim", Family.SOURCE, 0, _fixed(I32, SCALAR), ref=lambda it, v, xs: it.dim_value(v.attrs["dim"]),

@@ -14,6 +14,7 @@ only) and hands it to torch.compile; scalars stay graph inputs.
 """
 from __future__ import annotations
 
+import struct
 import threading
 
 import torch
@@ -29,10 +30,22 @@ _MM_OUT_DTYPE = (torch.bfloat16, torch.float16)     # operand types cuBLAS multi
 class UnfusedInterpreter(reference.Interpreter):
     dtype = F32
 
-    def __init__(self, program: Program, sizes: dict[str, int], device):
+    def __init__(self, program: Program, sizes: dict[str, int], device, constants: dict | None = None):
         super().__init__(program, sizes, exact=False)
         self.device = device
         self.native: dict[str, torch.Tensor] = {}     # gemm operands in the type the caller gave them
+        self.constants = {} if constants is None else constants
+
+    def constant(self, value: float) -> torch.Tensor:
+        """Literals, sizes and scalar values as 0-d tensors on the device, made once per Unfused: a
+        fresh one per call would be a host-to-device copy, which waits for the stream every time."""
+        key = (struct.pack("<d", value), str(self.device))
+        x = self.constants.get(key)
+        if x is None:
+            if len(self.constants) >= 1024:           # scalars that change every call: do not grow forever
+                self.constants.clear()
+            x = self.constants[key] = torch.tensor(value, dtype=F32, device=self.device)
+        return x
 
     def scalar(self, t, x) -> torch.Tensor:
         if isinstance(x, torch.Tensor):               # a traced graph's scalar input
@@ -73,6 +86,7 @@ class Unfused:
         self.program, self.source = program, source
         self.outputs = [t.name for t in source.outputs()]
         self._graphs: dict[tuple, object] = {}
+        self._constants: dict = {}
         self._lock = threading.Lock()
 
     def __call__(self, compiled: bool = False, **args) -> dict[str, torch.Tensor]:
@@ -88,7 +102,7 @@ class Unfused:
         return graph(tensors, scalars)
 
     def run(self, sizes: dict[str, int], device, tensors: dict, scalars: dict) -> dict[str, torch.Tensor]:
-        values = UnfusedInterpreter(self.source, sizes, device).run({**tensors, **scalars})
+        values = UnfusedInterpreter(self.source, sizes, device, self._constants).run({**tensors, **scalars})
         return {name: _caller_tensor(self.source.tensors[name], values[name]) for name in self.outputs}
 
     def _compile(self, sizes, device, tensors: dict, scalars: dict):
@@ -99,9 +113,10 @@ class Unfused:
             out = self.run(sizes, device, dict(zip(names, xs)), dict(zip(scalar_names, xs[len(names):])))
             return tuple(out[n] for n in self.outputs)
 
-        def arguments(tensors, scalars):
-            return [tensors[n] for n in names] + [torch.tensor(float(scalars[n]), dtype=F32, device=device)
-                                                   for n in scalar_names]
+        it = UnfusedInterpreter(self.source, sizes, device, self._constants)
+
+        def arguments(tensors, scalars):     # scalars as cached device tensors: no copy per call
+            return [tensors[n] for n in names] + [it.constant(float(scalars[n])) for n in scalar_names]
         graph = torch.compile(make_fx(flat)(*arguments(tensors, scalars)), dynamic=False)
         return lambda tensors, scalars: dict(zip(self.outputs, graph(*arguments(tensors, scalars))))
 
