@@ -60,6 +60,7 @@ CODES = {
     "E705": "nvcc is missing, failed to run, timed out, or reported success without a usable library",
     "E706": "an EPIC_* environment variable has a value that is not understood",
     "E707": "`epic tune` could not build and time any configuration of a gemm",
+    "E708": "torch.compile could not compile the unfused torch form (fallback=\"compiled\")",
     "E801": "bad command-line argument (unknown pass, bad option value)",
     "E802": "the program file cannot be read (missing, a directory, not UTF-8 text, or too large)",
 }
@@ -141,7 +142,7 @@ class EpicError(Exception):
         return max(exit_status(d.code) for d in self.diagnostics)
 
 
-_ENVIRONMENT = {"E607", "E608", "E703", "E704", "E705", "E706", "E707", "E801", "E802"}
+_ENVIRONMENT = {"E607", "E608", "E703", "E704", "E705", "E706", "E707", "E708", "E801", "E802"}
 _BUGS = {"E599", "E701"}
 
 

@@ -163,3 +163,34 @@ def test_tune_records_the_unfused_form_and_plan_tuned_prints_the_comparison(db, 
     assert "fusion LOSES: the unfused compiled form is 2.000x faster" in out
     assert main(["plan", path, "--shape", "M=8192,D=4096", "--tuned", "--db", str(db)]) == 0
     assert "has no entry for this program at M<=8192,D=4096" in capsys.readouterr().out
+
+
+def test_plan_tuned_prints_a_hostile_database_harmlessly(db, capsys):
+    """The database is a user's file: its text never reaches the terminal raw, and nothing in it crashes."""
+    from cli.main import main
+    path = str(ROOT / "samples/residual_rmsnorm.epi")
+    prog = epic.compile(path)
+    sizes = dict(M=64, D=4096)
+    for gpu, entry in [("GPU\x1b[2J", {"ms": 0.02, "measured": "\x1b]0;pwned\x07" + "x" * 500,
+                                       "configs": {"o_proj\x1b[31m": {"tile": "\x1b[0m"}},
+                                       "unfused": {"eager_error": "\r\x1b[K", "compiled_ms": "fast"}}),
+                       ("GPU-B", {"ms": None, "configs": ["x"], "unfused": 3}),
+                       ("GPU-C", {"ms": 0.02, "configs": {"o_proj": 5}, "unfused": {"eager_ms": 1e300}})]:
+        database.store(prog.program, sizes, gpu, entry, db)
+    assert main(["plan", path, "--shape", "M=64,D=4096", "--tuned", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\r" not in out
+    assert "GPU\\x1b[2J" in out and "GPU-B" in out and "no usable fused time" in out
+
+
+def test_a_torch_compile_failure_is_e708_not_a_traceback(monkeypatch):
+    prog, src, sizes, inputs, args = _inputs("samples/bias_gelu.epi")
+    compiled = epic.compile(str(ROOT / "samples/bias_gelu.epi"), fallback="compiled")
+
+    def broken(*a, **k):
+        raise RuntimeError("InductorError: no working C++ compiler found\nmore")
+    monkeypatch.setattr(torch, "compile", broken)
+    with pytest.raises(EpicError) as info:
+        compiled(**args)
+    assert info.value.codes == ["E708"] and "no working C++ compiler" in str(info.value)
+    assert 'fallback="eager"' in info.value.diagnostics[0].hint

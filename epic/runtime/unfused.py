@@ -20,6 +20,7 @@ import threading
 import torch
 
 from .. import dtypes, reference
+from ..diagnostics import EpicError, error
 from ..ir.core import Program
 from .validate import validate
 
@@ -117,7 +118,15 @@ class Unfused:
 
         def arguments(tensors, scalars):     # scalars as cached device tensors: no copy per call
             return [tensors[n] for n in names] + [it.constant(float(scalars[n])) for n in scalar_names]
-        graph = torch.compile(make_fx(flat)(*arguments(tensors, scalars)), dynamic=False)
+        try:
+            graph = torch.compile(make_fx(flat)(*arguments(tensors, scalars)), dynamic=False)
+            graph(*arguments(tensors, scalars))               # compiles now: a failure is reported here
+        except EpicError:
+            raise
+        except Exception as e:      # noqa: BLE001 -- torch.compile's own failures (no C++ compiler, ...)
+            raise error("E708", f"torch.compile could not compile the unfused form of {self.source.name}: "
+                        f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}", None,
+                        'use fallback="eager" (the same computation, not compiled)') from None
         return lambda tensors, scalars: dict(zip(self.outputs, graph(*arguments(tensors, scalars))))
 
 

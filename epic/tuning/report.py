@@ -5,11 +5,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..frontend.sources import printable
 from . import database
 
 
+def _text(x, limit: int = 80) -> str:
+    """Text from the database file (a user's file, maybe shipped by someone else) as it may reach a
+    terminal: control characters escaped, length bounded."""
+    s = printable(str(x))
+    return s if len(s) <= limit else s[:limit - 3] + "..."
+
+
 def _cfg(cfg: dict) -> str:
-    return ", ".join(f"{k}={'x'.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in cfg.items())
+    return _text(", ".join(f"{k}={'x'.join(map(str, v)) if isinstance(v, (list, tuple)) else v}"
+                           for k, v in cfg.items()), 200)
 
 
 def render(program, sizes: dict[str, int], file: Path | None = None) -> str:
@@ -17,12 +26,12 @@ def render(program, sizes: dict[str, int], file: Path | None = None) -> str:
     where = file or database.path()
     bucket = database.bucket(program, sizes)
     if not found:
-        return (f"tuned: the tuning database ({where}) has no entry for this program at {bucket}, on any GPU; "
+        return (f"tuned: the tuning database ({_text(where, 200)}) has no entry for this program at {bucket}, on any GPU; "
                 "`epic tune FILE --shape ...` on the GPU makes one")
-    out = [f"tuned ({where}, {bucket}):"]
+    out = [f"tuned ({_text(where, 200)}, {_text(bucket, 200)}):"]
     for gpu, entry in sorted(found.items()):
         fused = database._ms(entry.get("ms"))
-        out.append(f"  {gpu}, measured {entry.get('measured', '?')}:")
+        out.append(f"  {_text(gpu)}, measured {_text(entry.get('measured', '?'))}:")
         if fused is None:
             out.append("    (no usable fused time in this entry)")
             continue
@@ -35,11 +44,11 @@ def render(program, sizes: dict[str, int], file: Path | None = None) -> str:
                 out.append(f"    {label:<32} {ms:9.4f} ms  {ms / fused:6.3f}x the fused")
             elif label.startswith("unfused"):
                 why = unfused.get(f"{label.rsplit(' ', 1)[1]}_error")
-                out.append(f"    {label:<32} {'not timed' + (f': {why}' if why else '')}")
+                out.append(f"    {label:<32} {'not timed' + (f': {_text(why, 160)}' if why else '')}")
         configs = entry.get("configs") if isinstance(entry.get("configs"), dict) else {}
         for gemm, cfg in configs.items():
             if isinstance(cfg, dict):
-                out.append(f"    gemm {gemm}: {_cfg(cfg)}")
+                out.append(f"    gemm {_text(gemm)}: {_cfg(cfg)}")
         best = database.verdict(entry)
         if best is None:
             out.append("    no unfused times: fallback=\"auto\" runs the fused kernels")
