@@ -21,6 +21,7 @@ import torch
 
 from .. import dtypes, reference
 from ..diagnostics import EpicError, error
+from ..frontend.sources import printable
 from ..ir.core import Program
 from .validate import validate
 
@@ -124,7 +125,7 @@ class Unfused:
         except EpicError:
             raise
         except Exception as e:      # noqa: BLE001 -- torch.compile's own failures (no C++ compiler, ...)
-            raise error("E708", f"torch.compile could not compile the unfused form of {self.source.name}: "
+            raise error("E708", f"torch.compile could not compile the unfused form of {printable(self.source.name)}: "
                         f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}", None,
                         'use fallback="eager" (the same computation, not compiled)') from None
         return lambda tensors, scalars: dict(zip(self.outputs, graph(*arguments(tensors, scalars))))
