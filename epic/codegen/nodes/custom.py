@@ -131,13 +131,7 @@ class _BlockScale(NodeImpl):
         x, block, floor, qmax, _ = match_block_quant(s.value)
         src = b.compute(x)
         scales = cls.claims(b, s)
-        if scales:
-            st = b.program.tensors[scales[0].tensor]
-            el = st.dtype.cutlass
-            p = b.pointer("block_scale", st.name, st.dtype, f"[M, N/{block}] scales")
-            scale_arg = f"static_cast<{el}*>({p})"
-        else:
-            el, scale_arg = "float", "nullptr"
+        el, scale_arg = _block_values_pointer(b, scales, f"[M, N/{block}] scales")
         if cls.output == 0:
             b.set_d(t, t.dtype.cutlass, t.dtype.bits, f"[M, N] {t.dtype}, 1x{block} block-scaled")
             q_arg = "nullptr"
@@ -148,6 +142,16 @@ class _BlockScale(NodeImpl):
         return b.add(cls, f"epic_nodes::Sm90BlockScale<{block}, {el}, false, 0, {cls.output}>",
                      f"{{{scale_arg}, {literal(qmax)}, {literal(floor)}, {q_arg}}}", [src],
                      f"1x{block} block scale -> {t.name}" + (f", scales {scales[0].tensor}" if scales else ""))
+
+
+def _block_values_pointer(b, stores: list, note: str) -> tuple[str, str]:
+    """(element type, Arguments pointer) of the [M, N/B] block values a segment root stores (nullptr:
+    none are stored)."""
+    if not stores:
+        return "float", "nullptr"
+    t = b.program.tensors[stores[0].tensor]
+    p = b.pointer("block_scale", t.name, t.dtype, note)
+    return t.dtype.cutlass, f"static_cast<{t.dtype.cutlass}*>({p})"
 
 
 def floor_ok(v) -> bool:
@@ -247,13 +251,7 @@ class BlockReduceScale(NodeImpl):
         functor = _block_functor(b, scale, r)
         inputs = [b.compute(y), b.compute(r.args[0])]
         scales = cls.claims(b, s)
-        if scales:
-            st = b.program.tensors[scales[0].tensor]
-            el = st.dtype.cutlass
-            p = b.pointer("block_scale", st.name, st.dtype, f"[M, N/{block}] block values")
-            scale_arg = f"static_cast<{el}*>({p})"
-        else:
-            el, scale_arg = "float", "nullptr"
+        el, scale_arg = _block_values_pointer(b, scales, f"[M, N/{block}] block values")
         b.set_d(t, t.dtype.cutlass, t.dtype.bits, f"[M, N] {t.dtype}, scaled per 1x{block} block")
         return b.add(cls, f"epic_nodes::Sm90BlockReduceScale<{block}, {functor}, {'true' if divide else 'false'}, {el}>",
                      f"{{{scale_arg}}}", inputs,
