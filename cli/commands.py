@@ -187,7 +187,8 @@ def _build_launcher() -> None:
 
 
 def cmd_tune(args) -> int:
-    for flag, value, least in (("-k", args.candidates, 1), ("--reps", args.reps, 1), ("-j", args.jobs, 1)):
+    for flag, value, least in (("-k", args.candidates, 1), ("--reps", args.reps, 1), ("-j", args.jobs, 1),
+                               ("--timeout", args.timeout, 0)):
         if value is not None and not least <= value <= 10_000:
             raise error("E801", f"{flag} {value}: must be a whole number from {least} to 10000")
     import torch
@@ -198,7 +199,7 @@ def cmd_tune(args) -> int:
     from epic.tuning import tuner
     analysis = pipeline.analyze(args.file, path=True)
     sizes = _sizes(analysis.program, args.shape)
-    result = tuner.tune(args.file, sizes, limit=args.candidates, reps=args.reps, jobs=args.jobs,
+    result = tuner.tune(args.file, sizes, limit=args.candidates, reps=args.reps, jobs=args.jobs, timeout=args.timeout,
                         database_file=Path(args.db) if args.db else None)
     print(f"tuned: {result.ms:.3f} ms (heuristic configuration {result.heuristic_ms:.3f} ms, "
           f"{result.heuristic_ms / result.ms:.3f}x)")

@@ -81,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--shape", required=True, help="sizes of the program's dimensions, e.g. M=8192,D=4096")
     c.add_argument("-k", "--candidates", type=int, default=6, help="configurations per gemm (default 6)")
     c.add_argument("--reps", type=int, default=20, help="timed runs per configuration (default 20)")
+    c.add_argument("--timeout", type=int, default=120, metavar="SECONDS",
+                   help="time each configuration in a child process killed after this long (a kernel that "
+                        "never finishes fails its candidate, not the tune); 0: in this process (default 120)")
     c.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
     c.add_argument("--db", metavar="FILE", help="the tuning database (default: $EPIC_TUNING, else tuning.json "
                    "in the kernel cache)")

@@ -32,11 +32,22 @@ def test_candidates_are_legal_distinct_and_start_with_the_heuristic(path, sizes)
     m, n = sizes["M"], planner.sizes_mod.evaluate(k.n, sizes)
     found = space.candidates(k, prog.program.tensors, m, n, limit=6)
     assert found[0] == config_mod.choose(k, m, None, prog.program.tensors)
-    assert 2 <= len(found) <= 8 and len(set(found)) == len(found)
+    assert 2 <= len(found) <= 10 and len(set(found)) == len(found)      # + 2 swizzles, + 2 epilogue tiles
     assert len({c.key() for c in found[:6]}) == min(6, len(found[:6]))       # distinct built kernels first
     for cfg in found:                  # the plan accepts each as an override and picks exactly it
         plan = planner.make_plan(prog.program, sizes, {k.name: space.override(cfg)})
         assert plan.configs[k.name] == cfg
+
+
+def test_the_heuristics_tile_is_also_tried_with_wider_epilogue_subtiles():
+    prog, k = gemm(str(ROOT / "samples" / "bias_gelu.epi"))
+    found = space.candidates(k, prog.program.tensors, 8192, 14336, limit=3)
+    first = found[0]
+    wider = [c for c in found if c.tile == first.tile and c.cluster == first.cluster and c.epi_tile != first.epi_tile]
+    assert {c.epi_tile for c in wider} == {(128, 64), (128, 128)}, [str(c) for c in found]
+    prog, k = gemm(RESID)           # three staged tiles: a wider subtile leaves the mainloop too little
+    found = space.candidates(k, prog.program.tensors, 8192, 4096, limit=3)
+    assert all(c.epi_tile is None for c in found)
 
 
 def test_block_quantization_only_gets_tiles_its_blocks_divide():
@@ -255,3 +266,40 @@ def test_epic_tune_without_a_gpu_is_e703_and_bad_counts_e801(tmp_path, capsys):
     assert "E703" in capsys.readouterr().err
     assert main(["tune", RESID, "--shape", "M=64,D=4096", "-k", "0"]) == 2
     assert "E801" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- candidates timed in a child process
+def test_a_candidate_that_hangs_is_killed_and_reported(tmp_path):
+    import sys
+    from epic.tuning import trial
+    with pytest.raises(EpicError) as info:
+        trial.run_isolated("{}", timeout=1, argv=[sys.executable, "-c", "import time; time.sleep(60)"])
+    assert info.value.codes == ["E707"] and "timed out after 1 s" in str(info.value)
+
+
+@pytest.mark.parametrize("script, words", [
+    ("print('{\"ms\": 0.25}')", None),
+    ("print('{\"why\": \"E217: too little shared memory\"}')", "E217: too little shared memory"),
+    ("import sys; sys.stderr.write('Segmentation fault\\n'); sys.exit(139)", "status 139 (Segmentation fault)"),
+    ("print('{\"ms\": -1}')", "status 0"),
+    ("print('not json')", "status 0"),
+])
+def test_the_childs_answer_is_read_defensively(script, words):
+    import sys
+    from epic.tuning import trial
+    argv = [sys.executable, "-c", script]
+    if words is None:
+        assert trial.run_isolated("{}", timeout=30, argv=argv) == 0.25
+        return
+    with pytest.raises(EpicError) as info:
+        trial.run_isolated("{}", timeout=30, argv=argv)
+    assert words in str(info.value)
+
+
+def test_the_request_carries_the_candidate():
+    from epic.tuning import trial
+    req = json.loads(trial.request("samples/x.epi", {"M": 64}, {"g": {"tile": (64, 64, 64), "schedule": "pingpong"}}, 7))
+    assert req == {"source": "samples/x.epi", "sizes": {"M": 64}, "reps": 7, "seed": 0,
+                   "configs": {"g": {"tile": [64, 64, 64], "schedule": "pingpong"}}}
+    from epic.frontend import options
+    assert options.check_config(req["configs"], {"g": None}) == {"g": {"tile": (64, 64, 64), "schedule": "pingpong"}}

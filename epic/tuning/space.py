@@ -5,7 +5,8 @@ sizes: epic.plan.config.choose decides, so a candidate is legal exactly when the
 it), ranked by a cost model of the tile grid: the fraction of computed elements that are inside the
 matrix (ragged edges), the fraction of the last wave's SMs that have work, and the tile's operand
 reuse (a 128x256 tile loads 3/8 of the bytes per flop a 64x64 one does). Launch-time options
-(swizzle, raster) do not change the built kernel; they are tried on the best tiles only.
+(swizzle, raster) do not change the built kernel; they are tried on the best tiles only, and so are
+explicit epilogue tiles (wider subtiles: fewer epilogue iterations for more shared memory).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ SMS = 132          # H100/H200 SXM
 TILES = {"pingpong": [(64, 64, 64), (64, 128, 64), (64, 256, 64), (128, 128, 64), (128, 192, 64)],
          "cooperative": [(128, 128, 64), (128, 192, 64), (128, 256, 64), (256, 128, 64)]}
 CLUSTERS = [(1, 1), (2, 1), (1, 2)]
+EPI_WIDTHS = (64, 128)      # explicit epilogue subtile widths tried on the heuristic's tile
 
 
 def score(cfg: config_mod.KernelConfig, m: int, n: int) -> float:
@@ -74,4 +76,12 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6) -> list[co
                                         1 if cfg.swizzle == 8 else 8, cfg.raster)
         if other not in out:
             out.append(other)
+    for width in EPI_WIDTHS:           # the heuristic's tile with a wider epilogue subtile
+        epi = (128 if first.schedule == "cooperative" else 64, width)
+        try:
+            cfg = config_mod.choose(kernel, m, {**override(first), "epi_tile": epi}, tensors)
+        except EpicError:              # shared memory, a block the subtile would split, ...
+            continue
+        if all(c.key() != cfg.key() for c in out):
+            out.append(cfg)
     return out

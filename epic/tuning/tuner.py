@@ -19,6 +19,7 @@ from ..diagnostics import EpicError
 from ..plan import planner
 from ..runtime import build
 from . import database, measure, space
+from . import trial as isolated
 
 
 @dataclass
@@ -56,8 +57,9 @@ def device_inputs(program, sizes: dict[str, int], seed: int = 0) -> dict:
 
 def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int = 20, jobs: int | None = None,
          database_file=None, gpu: str | None = None, timer=None, builder=None, report=print,
-         unfused_timer=None) -> Result:
+         unfused_timer=None, timeout: float = 120.0) -> Result:
     """Tune every gemm of a program at these sizes; stores and returns the result.
+    Each candidate is timed in a child process killed after `timeout` seconds (0: in this process).
     timer(prog, inputs) -> ms, unfused_timer(unfused, inputs) -> the entry's "unfused" dict and
     builder(units) exist for tests; by default the GPU times the calls."""
     import torch
@@ -66,9 +68,13 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
     program = analysis.program
     planner.make_plan(program, sizes)                                  # the sizes are legal at all
     gpu = gpu or torch.cuda.get_device_name()
-    timer = timer or _time_on_gpu
+    on_gpu = timer is None
+    if timer is None:
+        timer = (lambda prog, inputs: measure.median_ms(lambda: prog(**inputs), reps)) if not timeout else \
+            (lambda prog, inputs: isolated.run_isolated(isolated.request(path_or_source, sizes, prog.config, reps),
+                                                         timeout))
     builder = builder or (lambda units: build.build_all(units, jobs))
-    inputs = device_inputs(analysis.source_program, sizes) if timer is _time_on_gpu else {}
+    inputs = device_inputs(analysis.source_program, sizes) if on_gpu else {}
     m = sizes_mod.evaluate(next(k.rows for k in program.kernels), sizes)
     best: dict[str, dict] = {}
     trials: list[Trial] = []
@@ -109,7 +115,7 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
         report(f"  -> {winner.config}")
     entry = {"configs": best, "ms": round(ms, 4), "heuristic_ms": round(heuristic_ms or ms, 4),
              "measured": datetime.date.today().isoformat(), "sizes": dict(sizes), "candidates": len(trials)}
-    unfused_timer = unfused_timer or (_time_unfused if timer is _time_on_gpu else None)
+    unfused_timer = unfused_timer or ((lambda u, i: _time_unfused(u, i, reps)) if on_gpu else None)
     if unfused_timer is not None:
         from ..runtime.unfused import Unfused
         entry["unfused"] = unfused_timer(Unfused(program, analysis.source_program), inputs)
@@ -143,11 +149,7 @@ def _no_candidate(gemm: str, trials: list[Trial]):
     return Diagnostic("E707", f"no configuration of gemm '{gemm}' could be built and timed ({why})")
 
 
-def _time_on_gpu(prog, inputs: dict) -> float:
-    return measure.median_ms(lambda: prog(**inputs))
-
-
-def _time_unfused(unfused, inputs: dict) -> dict:
+def _time_unfused(unfused, inputs: dict, reps: int = 20) -> dict:
     """The unfused form's times, eager and compiled (with how long compiling took); a form that fails
     (torch.compile refusing a graph) is recorded with why, not raised."""
     import time
@@ -158,7 +160,7 @@ def _time_unfused(unfused, inputs: dict) -> dict:
             unfused(compiled=compiled, **inputs)
             if compiled:
                 out["compile_s"] = round(time.perf_counter() - start, 1)
-            out[f"{form}_ms"] = round(measure.median_ms(lambda: unfused(compiled=compiled, **inputs)), 4)
+            out[f"{form}_ms"] = round(measure.median_ms(lambda: unfused(compiled=compiled, **inputs), reps), 4)
         except Exception as e:      # noqa: BLE001 -- a baseline that cannot run is a finding, not a crash
             out[f"{form}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
     return out
