@@ -1,7 +1,9 @@
 """Hypothesis strategies that write random well-formed .epi programs (as text).
 
 A program is one gemm, or a chain of two where the first stores a tile scaled by a random
-per-row statistic (`tmp n`) that the second takes as its A operand. Expressions are random trees
+per-row statistic (`tmp n`) that the second takes as its A operand; the first may also store a tile
+scaled by a random 1x32 block statistic, through maps that may or may not be linear in it (the
+hoist-block-scale pass moves the scale only through the linear ones). Expressions are random trees
 over the accumulator, a residual tile, a row vector, a column vector, a scalar and literals,
 through element-wise ops that stay finite on normal inputs.
 """
@@ -40,6 +42,20 @@ def row_stat(draw):
 
 
 @st.composite
+def block_stat(draw):
+    """A per-block statistic of a tile, then scalar math (positive and finite on normal inputs)."""
+    t = draw(tile_expr(1))
+    r = draw(st.sampled_from(["block_mean(({t}) * ({t}), 32)", "block_max(abs({t}), 32)", "block_sum(abs({t}), 32)",
+                              "block_amax({t}, 32)"])).format(t=t)
+    return draw(st.sampled_from(["rsqrt({} + 1)", "1 / ({} + 1)", "{} + 0.5", "sqrt({} + 1) * 2"])).format(r)
+
+
+BLOCK_FORMS = ["({l}) * ({s})", "({s}) * ({l})", "({l}) / ({s})", "-(({l}) * ({s})) + ({l}) * ({s}) * 2",
+               "interleave(even(({l}) * ({s})), -odd(({l}) * ({s})))", "tanh(({l}) * ({s}))",
+               "({l}) * ({s}) + ({l})", "g * (({s}) * ({l}) * c)"]
+
+
+@st.composite
 def program(draw):
     lines = ["gemm a(x: bf16[M, D] @ w: bf16[D, D]) {", "  in z: bf16[M, D]", "  in g: bf16[D]",
              "  in c: f32[M]", "  in alpha: f32 = 0.75"]
@@ -48,6 +64,9 @@ def program(draw):
         lines.append(f"  out t{i}: {dtype} = {draw(tile_expr())}")
     if draw(st.booleans()):
         lines.append(f"  out s: f32[M] = {draw(row_stat())}")
+    if draw(st.booleans()):
+        form = draw(st.sampled_from(BLOCK_FORMS))
+        lines.append(f"  out q: f32 = {form.format(l=draw(tile_expr(1)), s=draw(block_stat()))}")
     chain = draw(st.booleans())
     if chain:
         scale = draw(row_stat())
