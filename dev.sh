@@ -42,12 +42,12 @@ case "${1:-}" in
     if [ "${1:-}" = "--sample" ]; then
       # a uniform random sample of all mutants (tests/mutation/README.md): N mutants, fixed seed
       N=${2:-800}; SEED=${3:-2026}
-      (cd "$DIR" && "$MM" run --max-children "$(nproc)" epic.layouts.x_packed_int4_shape__mutmut_1 >/dev/null 2>&1 || true
+      (cd "$DIR" && "$MM" run --max-children "$(getconf _NPROCESSORS_ONLN)" epic.layouts.x_packed_int4_shape__mutmut_1 >/dev/null 2>&1 || true
        "$MM" results --all true | tests/mutation/sample.py "$N" "$SEED" > sample.txt
-       "$MM" run --max-children "$(nproc)" $(cat sample.txt) >/dev/null 2>&1 || true
+       "$MM" run --max-children "$(getconf _NPROCESSORS_ONLN)" $(cat sample.txt) >/dev/null 2>&1 || true
        "$MM" results --all true | tests/mutation/score.py --only sample.txt)
     else
-      (cd "$DIR" && "$MM" run --max-children "$(nproc)" "$@" >/dev/null 2>&1 || true
+      (cd "$DIR" && "$MM" run --max-children "$(getconf _NPROCESSORS_ONLN)" "$@" >/dev/null 2>&1 || true
        "$MM" results --all true | tests/mutation/score.py)
     fi
     ;;
