@@ -82,6 +82,9 @@ GEMM = "gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n"
     ("acc * block_sum(acc, 32) + acc", False),                       # terms scaled differently
     ("exp(acc * block_sum(acc, 32))", False),                        # not linear in the scale
     ("acc * block_sum(acc, 32) * block_max(acc, 32)", True),         # two statistics: moved, then refused
+    ("acc * block_sum(acc, 32) * block_sum(acc, 32)", True),          # one statistic twice: s ** 2
+    ("(acc * block_sum(acc, 32) * block_sum(acc, 32)) / block_sum(acc, 32)", True),   # s ** (2 - 1)
+    ("(acc / block_sum(acc, 32)) / block_sum(acc, 32)", True),        # 1 / s ** 2
 ])
 def test_which_stores_are_rewritten(expr, moved):
     a = analyze(GEMM + f"  out y: f32 = {expr}\n}}\n", stop_after="split-reductions")
@@ -91,6 +94,7 @@ def test_which_stores_are_rewritten(expr, moved):
     assert (new is not None) == moved
     if moved:
         assert hoist_block_scale.root_form(new, dep) is not None
+        assert all(x.span is not None for x in _reach(new))       # diagnostics can still point at them
         # and it means the same
         full = analyze(GEMM + f"  out y: f32 = {expr}\n}}\n")
         inputs = reference.random_inputs(full.source_program, dict(M=3, K=16, N=64), seed=5)
