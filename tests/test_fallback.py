@@ -74,6 +74,17 @@ def test_the_compiled_form_is_one_traced_graph_with_scalars_as_inputs():
     want = epic.compile(str(ROOT / "samples/residual_rmsnorm.epi"), fallback="eager")(**{**args, "eps": 0.5})
     _close("r", other["r"].double(), want["r"].double(), "f32")
     assert len(compiled.unfused._graphs) == 1            # one signature, traced once
+    # another row count is another graph (a graph traced for one shape must not run another)
+    _, _, _, inputs2, args2 = _inputs("samples/residual_rmsnorm.epi", m=33, seed=2)
+    got = compiled(**args2)
+    want = prog(**args2)
+    assert got["resid"].shape[0] == 33
+    for k in want:
+        _close(k, got[k].double(), want[k].double(), src.tensors[k].dtype.name)
+    assert len(compiled.unfused._graphs) == 2
+    # the form itself, called directly, is eager unless asked
+    prog.unfused(**args)
+    assert prog.unfused._graphs == {}
 
 
 def test_wrong_tensors_are_refused_as_the_kernels_refuse_them():
