@@ -168,7 +168,9 @@ class CompiledProgram:
         keep=True also returns the intermediate tensors (tmp, deferred scales, per-tile partials).
         The first call with given shapes/dtypes/strides validates everything and binds a plan; later
         calls with the same signature re-check alignment and scalar values (pointers change, layouts
-        do not), in the compiled call path (runtime/fastcall.py) where it is available."""
+        do not), in the compiled call path (runtime/fastcall.py) where it is available.
+        Where the unfused torch form runs (fallback=...), poison has nothing to fill and keep returns the
+        outputs only: that form has no buffers between its ops that the plan names."""
         if self.fallback in ("eager", "compiled") and not positional:
             return self.unfused(compiled=self.fallback == "compiled", **args)
         fast = self._fast
