@@ -85,6 +85,9 @@ GEMM = "gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n"
     ("acc * block_sum(acc, 32) * block_sum(acc, 32)", True),          # one statistic twice: s ** 2
     ("(acc * block_sum(acc, 32) * block_sum(acc, 32)) / block_sum(acc, 32)", True),   # s ** (2 - 1)
     ("(acc / block_sum(acc, 32)) / block_sum(acc, 32)", True),        # 1 / s ** 2
+    ("(acc * block_sum(acc, 32)) / (abs(acc) + 1)", True),            # divided by a value without it
+    ("interleave(even(block_sum(acc, 32) / (abs(acc) + 1)), odd(acc * block_sum(acc, 32)))", True),  # s / t
+    ("acc * block_sum(acc, 32) + block_sum(acc, 32)", False),         # a bare block term: no tile left
 ])
 def test_which_stores_are_rewritten(expr, moved):
     a = analyze(GEMM + f"  out y: f32 = {expr}\n}}\n", stop_after="split-reductions")
@@ -119,6 +122,22 @@ def test_what_cannot_be_built_is_refused_at_the_statistic(body):
     assert "is not supported by code generation yet" in d.message
     assert "1xB block reduction" in d.hint          # the hint names what a block statistic can do
     assert d.span.line == line
+
+
+def test_every_gemm_is_rewritten_and_the_trace_says_so(capsys):
+    from cli.main import main
+    text = (GEMM + "  out y: f32 = acc\n}\n"
+            "gemm h(x2: bf16[M, K] @ v: bf16[K, P]) {\n  out q: f32 = -(acc * block_sum(acc, 32))\n}\n")
+    a = analyze(text)
+    h = a.program.kernels[1]
+    assert hoist_block_scale.root_form(h.stores[0].value, hoist_block_scale.block_dependent(h)) is not None
+    path = ROOT / "samples" / "qk_norm_rope.epi"
+    assert main(["ir", str(path), "--after", "hoist-block-scale", "--rules"]) == 0
+    assert "// hoist-block-scale: q_proj: 'q' = (its element-wise math) * its 1x128 block scale" in \
+        capsys.readouterr().out
+    stage = next(st for st in analyze(GEMM + "  out y: f32 = (acc / block_sum(acc, 32)) * 3\n}\n").stages
+                 if st.name == "hoist-block-scale")
+    assert stage.trace == ["g: 'y' = (its element-wise math) / its 1x32 block scale"]
 
 
 def test_stored_block_values_are_the_nodes_statistic():
