@@ -126,11 +126,13 @@ def test_what_cannot_be_built_is_refused_at_the_statistic(body):
 
 def test_every_gemm_is_rewritten_and_the_trace_says_so(capsys):
     from cli.main import main
-    text = (GEMM + "  out y: f32 = acc\n}\n"
+    text = (GEMM + "  out y: f32 = acc\n  out r: f32[M] = row_sum(acc)\n}\n"           # a combine kernel next
             "gemm h(x2: bf16[M, K] @ v: bf16[K, P]) {\n  out q: f32 = -(acc * block_sum(acc, 32))\n}\n")
     a = analyze(text)
-    h = a.program.kernels[1]
+    assert [k.kind for k in a.program.kernels][-1] == "gemm" and len(a.program.kernels) == 3
+    h = a.program.kernels[-1]
     assert hoist_block_scale.root_form(h.stores[0].value, hoist_block_scale.block_dependent(h)) is not None
+    assert h.stores[0].span is not None and h.stores[0].span.line == 6          # diagnostics point at the store
     path = ROOT / "samples" / "qk_norm_rope.epi"
     assert main(["ir", str(path), "--after", "hoist-block-scale", "--rules"]) == 0
     assert "// hoist-block-scale: q_proj: 'q' = (its element-wise math) * its 1x128 block scale" in \
