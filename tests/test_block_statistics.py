@@ -88,6 +88,8 @@ GEMM = "gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n"
     ("(acc * block_sum(acc, 32)) / (abs(acc) + 1)", True),            # divided by a value without it
     ("interleave(even(block_sum(acc, 32) / (abs(acc) + 1)), odd(acc * block_sum(acc, 32)))", True),  # s / t
     ("acc * block_sum(acc, 32) + block_sum(acc, 32)", False),         # a bare block term: no tile left
+    ("block_max(abs(acc), 32) * acc", False),                         # already s * y
+    ("block_sum(acc, 32) / (abs(acc) + 1)", True),                    # s / y is not y / s: (1 / y) * s
 ])
 def test_which_stores_are_rewritten(expr, moved):
     a = analyze(GEMM + f"  out y: f32 = {expr}\n}}\n", stop_after="split-reductions")
@@ -96,6 +98,7 @@ def test_which_stores_are_rewritten(expr, moved):
     new = hoist_block_scale.hoisted(k.stores[0].value, dep)
     assert (new is not None) == moved
     if moved:
+        assert new.name == k.stores[0].value.name == "y"               # dumps still name it
         assert hoist_block_scale.root_form(new, dep) is not None
         assert all(x.span is not None for x in _reach(new))       # diagnostics can still point at them
         # and it means the same
@@ -122,6 +125,13 @@ def test_what_cannot_be_built_is_refused_at_the_statistic(body):
     assert "is not supported by code generation yet" in d.message
     assert "1xB block reduction" in d.hint          # the hint names what a block statistic can do
     assert d.span.line == line
+
+
+def test_the_guarantee_finds_a_movable_scale_left_behind():
+    """The pass's `ensures` (checked after it under EPIC_VERIFY) on the program before it ran."""
+    before = analyze(QK, stop_after="split-reductions").program
+    assert hoist_block_scale.unhoisted(before) == ["kernel q_proj: store q still has a movable block scale"]
+    assert hoist_block_scale.unhoisted(analyze(QK).program) == []
 
 
 def test_every_gemm_is_rewritten_and_the_trace_says_so(capsys):
