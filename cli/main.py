@@ -98,7 +98,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning on the command line is one line of text (epic's say "epic: ..."), never Python's
+    file, line number and source line, which read like a traceback."""
+    text = str(message).splitlines()[0] if str(message) else category.__name__
+    print(text if text.startswith("epic:") else f"epic: warning: {text}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+    warnings.showwarning = _show_warning
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -205,3 +205,12 @@ def test_a_torch_compile_failure_is_e708_not_a_traceback(monkeypatch):
         compiled(**args)
     assert info.value.codes == ["E708"] and "no working C++ compiler" in str(info.value)
     assert 'fallback="eager"' in info.value.diagnostics[0].hint
+
+
+def test_a_database_warning_on_the_command_line_is_one_line(tmp_path, capsys):
+    from cli.main import main
+    assert main(["plan", str(ROOT / "samples/bias_gelu.epi"), "--shape", "M=64,K=128,N=256", "--tuned",
+                 "--db", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("epic: tuning database: ") and "cannot be read" in err and "ignored" in err
+    assert ".py" not in err and len(err.strip().splitlines()) == 1
