@@ -121,7 +121,7 @@ class Interpreter:
         """A @ B; with an f16 accumulator (accumulate=f16) rounded to f16 as the kernels' last step
         rounds it (they also round at every k-step: the tests' tolerance covers that)."""
         acc = self.seed["acc"]
-        if getattr(self.kernel, "acc", None) is dtypes.F16:
+        if self.kernel.acc is dtypes.F16:
             acc = round_to(acc, dtypes.F16, self.exact)
         return acc
 

@@ -93,15 +93,15 @@ def _pull(v: Value, dep: set[int], memo: dict) -> tuple[Value | None, Factors]:
     elif p.algebra == "sum" or (p.family is P.Family.PAIR and p.pair_part is None):   # a + b, interleave(a, b)
         (ra, fa), (rb, fb) = parts
         if ra is None or rb is None or not _same(fa, fb):
-            raise _Fixed(v)          # x * s + y: the terms carry different scales
+            raise _Fixed          # x * s + y: the terms carry different scales
         out = make(v.op, (ra, rb), v.attrs, like=v), fa
     elif p.family is P.Family.PAIR:                          # even(x * s) = even(x) * s
         (r, f), = parts
         out = make(v.op, (r,), v.attrs, like=v), f
     else:
-        raise _Fixed(v)
+        raise _Fixed
     if out[0] is None:
-        raise _Fixed(v)
+        raise _Fixed
     memo[v.id] = out
     return out
 

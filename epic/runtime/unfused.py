@@ -60,7 +60,7 @@ class UnfusedInterpreter(reference.Interpreter):
 
     def matmul(self, k) -> torch.Tensor:
         a, b = (self._operand(name) for name in (k.a, k.b))
-        if a.is_cuda and a.dtype in _MM_OUT_DTYPE and a.dtype == b.dtype and getattr(k, "acc", None) is dtypes.F32:
+        if a.is_cuda and a.dtype in _MM_OUT_DTYPE and a.dtype == b.dtype and k.acc is dtypes.F32:
             return torch.mm(a, b, out_dtype=F32)
         return a.to(F32) @ b.to(F32)
 

@@ -121,7 +121,8 @@ def entries(program, sizes: dict[str, int], file: Path | None = None) -> dict[st
     return out
 
 
-def _ms(x) -> float | None:
+def milliseconds(x) -> float | None:
+    """A time read from the file (a user's): a positive, finite number of ms, else None."""
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1e9 else None
 
 
@@ -129,11 +130,11 @@ def verdict(entry: dict) -> tuple[str, float] | None:
     """Which form the entry measured fastest -- "fused", "eager" or "compiled" (the unfused torch form)
     -- and how much faster it is than the best of the others; None without unfused timings."""
     unfused = entry.get("unfused") if isinstance(entry, dict) else None
-    fused = _ms(entry.get("ms")) if isinstance(entry, dict) else None
+    fused = milliseconds(entry.get("ms")) if isinstance(entry, dict) else None
     if not isinstance(unfused, dict) or fused is None:
         return None
     times = {"fused": fused, **{form: ms for form in ("eager", "compiled")
-                                if (ms := _ms(unfused.get(f"{form}_ms"))) is not None}}
+                                if (ms := milliseconds(unfused.get(f"{form}_ms"))) is not None}}
     if len(times) < 2:
         return None
     best = min(times, key=times.get)

@@ -30,15 +30,16 @@ def render(program, sizes: dict[str, int], file: Path | None = None) -> str:
                 "`epic tune FILE --shape ...` on the GPU makes one")
     out = [f"tuned ({_text(where, 200)}, {_text(bucket, 200)}):"]
     for gpu, entry in sorted(found.items()):
-        fused = database._ms(entry.get("ms"))
+        fused = database.milliseconds(entry.get("ms"))
         out.append(f"  {_text(gpu)}, measured {_text(entry.get('measured', '?'))}:")
         if fused is None:
             out.append("    (no usable fused time in this entry)")
             continue
-        rows = [("fused, tuned", fused), ("fused, heuristic configuration", database._ms(entry.get("heuristic_ms")))]
+        rows = [("fused, tuned", fused),
+                ("fused, heuristic configuration", database.milliseconds(entry.get("heuristic_ms")))]
         unfused = entry.get("unfused") if isinstance(entry.get("unfused"), dict) else {}
         for form in ("eager", "compiled"):
-            rows.append((f"unfused torch form, {form}", database._ms(unfused.get(f"{form}_ms"))))
+            rows.append((f"unfused torch form, {form}", database.milliseconds(unfused.get(f"{form}_ms"))))
         for label, ms in rows:
             if ms is not None:
                 out.append(f"    {label:<32} {ms:9.4f} ms  {ms / fused:6.3f}x the fused")
