@@ -201,8 +201,9 @@ WORK = {
 
 
 def parse_config(key: str) -> dict:
-    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn]' -> {'schedule': 'cooperative', 'tile': (128, 256, 64),
-    'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler swizzle and raster (m or n)."""
+    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4]' -> {'schedule': 'cooperative', 'tile':
+    (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler swizzle, raster (m or n)
+    and split-K count."""
     sched, tile, cluster, *rest = key.split("_")
     cfg = {"schedule": {"coop": "cooperative", "ping": "pingpong", "pp": "pingpong"}[sched],
            "tile": tuple(int(v) for v in tile.split("x")), "cluster": tuple(int(v) for v in cluster[1:].split("x"))}
@@ -211,6 +212,8 @@ def parse_config(key: str) -> dict:
             cfg["epi_tile"] = tuple(int(v) for v in extra[1:].split("x"))
         elif extra[0] == "s" and extra[1:].isdigit():
             cfg["swizzle"] = int(extra[1:])
+        elif extra[0] == "k" and extra[1:].isdigit():
+            cfg["splits"] = int(extra[1:])
         elif extra in ("rm", "rn"):
             cfg["raster"] = extra[1]
         else:

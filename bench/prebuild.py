@@ -8,6 +8,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import epic  # noqa: E402
 from epic.codegen import emit  # noqa: E402
+from epic.diagnostics import EpicError  # noqa: E402
 from epic.runtime import build  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -28,7 +29,12 @@ def main() -> int:
             variants = [None] + [parse_config(c) for c in filter(None, args.configs.split(","))]
             for cfg in variants:
                 overrides = {g: cfg for g in gemms} if cfg else None
-                for _, u in emit.units(prog.program, emit.kernel_configs(prog.program, m, overrides)):
+                try:
+                    configs = emit.kernel_configs(prog.program, m, overrides)
+                except EpicError as e:         # a configuration this program cannot take (bench.py records why)
+                    print(f"skipped {name} M={m} {cfg}: {str(e).splitlines()[0]}")
+                    continue
+                for _, u in emit.units(prog.program, configs):
                     units[(u.name, u.source)] = u
     for p in build.build_all(list(units.values())):
         print(p)

@@ -48,6 +48,17 @@ PROGRAMS = {
 # (M, N, K): tile multiples, then ragged (M = 1, 77, 8191; N, K not multiples of 128). M <= 256 gets
 # the pingpong 64x64 configuration, larger M the cooperative 128x256 one.
 SIZES = [(128, 256, 128), (256, 512, 256), (1, 392, 200), (77, 392, 200), (8191, 392, 200), (300, 264, 136)]
+# Split-K: every gemm of every program split 3 ways (K = 200: 4 k-tiles split unevenly, 2 + 1 + 1) at a
+# decode size (cooperative 128-row tiles, cluster 1x1); programs with row statistics, block stores and
+# chains also at a large size (cooperative 128x256, cluster 2x1).
+SPLIT_K = {"splits": 3}
+SPLIT_CASES = [(name, (77, 392, 200)) for name in PROGRAMS] + \
+    [(name, (8191, 392, 200)) for name in ("samples/residual_rmsnorm.epi", "samples/fp8_block_quant.epi",
+                                           "samples/qk_norm_rope.epi", "samples/prenorm_mlp.epi")]
+
+
+def split_k_config(program) -> dict:
+    return {k.name: dict(SPLIT_K) for k in program.kernels if k.kind == "gemm"}
 
 
 def path(name: str) -> str:

@@ -102,6 +102,28 @@ def test_launch_time_options_do_not_change_the_source():
     assert [u.name for _, u in base] == [u.name for _, u in other]
 
 
+def test_split_k_builds_the_stream_k_scheduler_and_the_split_count_is_a_launch_argument():
+    prog = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi")).program
+    base = [u for _, u in emit.units(prog, emit.kernel_configs(prog, 64))]
+    two = [u for _, u in emit.units(prog, emit.kernel_configs(prog, 64, {"o_proj": {"splits": 2}}))]
+    four = [u for _, u in emit.units(prog, emit.kernel_configs(prog, 64, {"o_proj": {"splits": 4}}))]
+    assert [u.source for u in two] == [u.source for u in four] and [u.name for u in two] == [u.name for u in four]
+    assert two[0].name == "o_proj.coop_128x64x64_c1x1_splitk" and base[0].name == "o_proj.ping_64x64x64_c1x1"
+    assert "cutlass::gemm::StreamKScheduler>" in two[0].source and "StreamKScheduler" not in base[0].source
+    for line in ("args.scheduler.splits = int(sizes[5]);", "decomposition_mode)::SplitK;",
+                 "reduction_mode)::Deterministic;"):
+        assert line in two[0].source and line not in base[0].source
+    assert two[1].source == base[1].source          # the combine kernel does not change
+
+
+def test_the_launch_sets_the_cluster_only_where_there_is_one():
+    prog = pipeline.analyze(str(ROOT / "samples" / "bias_gelu.epi")).program
+    small, large = (next(u for _, u in emit.units(prog, emit.kernel_configs(prog, m))) for m in (64, 8192))
+    assert "config.numAttrs = 0;" in small.source and "clusterDim.x = 1;" in small.source
+    assert "config.numAttrs = 1;" in large.source and "clusterDim.x = 2;" in large.source
+    assert "Gemm::run" not in large.source and "cudaFuncAttributeNonPortableClusterSizeAllowed" not in large.source
+
+
 def test_costly_shared_values_get_one_node():
     prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  t = tanh(acc)\n"
                    "  out a: bf16 = t * 2\n  out b: bf16 = t + 1\n}\n").program

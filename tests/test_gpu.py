@@ -25,7 +25,7 @@ import epic
 from epic import dtypes, reference
 from epic.diagnostics import EpicError
 
-from .gpu_cases import PROGRAMS, SIZES, make_inputs, path, to_device
+from .gpu_cases import PROGRAMS, SIZES, SPLIT_CASES, make_inputs, path, split_k_config, to_device
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (see docs/GPU.md)")]
@@ -109,7 +109,22 @@ def _recompute(prog, inputs, out, sizes, plan, name):
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_kernel_matches_reference(name, size):
-    prog = compiled(name)
+    _check_against_reference(compiled(name), name, size)
+
+
+@pytest.mark.parametrize("name, size", SPLIT_CASES, ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else c)
+def test_split_k_kernels_match_reference_and_are_deterministic(name, size):
+    prog = epic.compile(path(name), config=split_k_config(compiled(name).program))
+    assert all(c.splits == 3 for c in prog.plan(PROGRAMS[name](*size)).configs.values())
+    out = _check_against_reference(prog, name, size)
+    again = prog(poison=True, keep=True, **to_device(prog.program, make_inputs(prog.analysis.source_program,
+                                                                               PROGRAMS[name](*size), seed_of(name, size))))
+    for t, x in out.items():        # the partial sums are added in a fixed order: the same bytes every run
+        assert torch.equal(x.reshape(-1).view(torch.uint8), again[t].reshape(-1).view(torch.uint8)), \
+            f"{name}: {t} differs between runs"
+
+
+def _check_against_reference(prog, name, size) -> dict:
     sizes = PROGRAMS[name](*size)
     seed = seed_of(name, size)
     inputs = make_inputs(prog.analysis.source_program, sizes, seed=seed)
@@ -126,6 +141,7 @@ def test_kernel_matches_reference(name, size):
                         f16_acc=f16_acc)
         except AssertionError as e:
             raise AssertionError(f"{name} at {sizes} (seed {seed}): {e}") from None
+    return out
 
 
 def _quantize(a: torch.Tensor, block: int, qmax: float, lo: float, hi: float, integer: bool, scale_dtype):

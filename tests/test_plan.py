@@ -108,6 +108,27 @@ def test_scheduler_options_are_launch_time_only():
     assert info.value.codes == ["E216"] and "swizzle must be 1, 2, 4 or 8" in str(info.value)
 
 
+def test_split_k_is_an_option_of_the_cooperative_schedule():
+    text = "gemm g(x: bf16[M, K] @ w: bf16[K, N]) with {opts} {{\n  out y: bf16 = acc\n}}\n"
+    cfg = planner.make_plan(analyze(text.format(opts="splits=4")).program, dict(M=64, K=4096, N=4096)).configs["g"]
+    assert (cfg.schedule, cfg.tile, cfg.splits, cfg.split_k) == ("cooperative", (128, 64, 64), 4, True)
+    assert str(cfg).endswith("splits 4") and cfg.key().endswith("_splitk")
+    assert config.heuristic(64).splits == 1 and not config.heuristic(64).split_k
+    for opts, code, words in [("splits=5", "E215", "splits must be one of 1, 2, 3, 4, 6, 8"),
+                              ("splits=4, schedule=pingpong", "E216", "needs the cooperative schedule"),
+                              ("splits=2, tile=64x64x64", "E216", "cooperative schedule needs tile M = 128")]:
+        with pytest.raises(EpicError) as info:
+            analyze(text.format(opts=opts))
+        assert info.value.codes == [code] and words in str(info.value), str(info.value)
+    prog = analyze(text.format(opts="schedule=pingpong")).program      # a call cannot split a pingpong gemm
+    with pytest.raises(EpicError) as info:
+        planner.make_plan(prog, dict(M=64, K=64, N=64), {"g": {"splits": 2}})
+    assert info.value.codes == ["E216"] and "splits=2 needs the cooperative schedule" in str(info.value)
+    prog = analyze(text.format(opts="tile=128x128x64")).program        # a call's split keeps the file's tile
+    cfg = planner.make_plan(prog, dict(M=64, K=64, N=64), {"g": {"splits": 2}}).configs["g"]
+    assert (cfg.schedule, cfg.tile, cfg.splits) == ("cooperative", (128, 128, 64), 2)
+
+
 # ------------------------------------------------------------------ a ragged ledger, row by row, by hand
 def test_residual_rmsnorm_ledger_by_hand_at_ragged_sizes():
     """M = 77, D = 392 (not tile multiples): pingpong 64x64 tiles, partials [ceil(392/64), round_up(77, 64)]."""

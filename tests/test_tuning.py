@@ -32,7 +32,7 @@ def test_candidates_are_legal_distinct_and_start_with_the_heuristic(path, sizes)
     m, n = sizes["M"], planner.sizes_mod.evaluate(k.n, sizes)
     found = space.candidates(k, prog.program.tensors, m, n, limit=6)
     assert found[0] == config_mod.choose(k, m, None, prog.program.tensors)
-    assert 2 <= len(found) <= 10 and len(set(found)) == len(found)      # + 2 swizzles, + 2 epilogue tiles
+    assert 2 <= len(found) <= 13 and len(set(found)) == len(found)      # + 2 swizzles, 2 epilogue tiles, 3 split-K
     assert len({c.key() for c in found[:6]}) == min(6, len(found[:6]))       # distinct built kernels first
     for cfg in found:                  # the plan accepts each as an override and picks exactly it
         plan = planner.make_plan(prog.program, sizes, {k.name: space.override(cfg)})
@@ -48,6 +48,22 @@ def test_the_heuristics_tile_is_also_tried_with_wider_epilogue_subtiles():
     prog, k = gemm(RESID)           # three staged tiles: a wider subtile leaves the mainloop too little
     found = space.candidates(k, prog.program.tensors, 8192, 4096, limit=3)
     assert all(c.epi_tile is None for c in found)
+
+
+def test_split_k_is_tried_where_the_tiles_leave_most_sms_idle():
+    prog, k = gemm(QUANT)            # blocks of 128: split-K tiles must be 128 or 256 wide
+    found = [c for c in space.candidates(k, prog.program.tensors, 64, 4096) if c.splits > 1]
+    assert {(c.tile, c.splits) for c in found} == {((128, 128, 64), 4), ((128, 256, 64), 8)}, [str(c) for c in found]
+    assert all(c.schedule == "cooperative" and c.cluster == (1, 1) for c in found)
+    for cfg in found:                # the plan accepts each as an override and picks exactly it
+        plan = planner.make_plan(prog.program, dict(M=64, D=4096, N=4096), {k.name: space.override(cfg)})
+        assert plan.configs[k.name] == cfg
+    prog, k = gemm(RESID)
+    found = [c for c in space.candidates(k, prog.program.tensors, 64, 4096) if c.splits > 1]
+    assert {(c.tile, c.splits) for c in found} == {((128, 64, 64), 2), ((128, 128, 64), 4), ((128, 256, 64), 8)}
+    assert not [c for c in space.candidates(k, prog.program.tensors, 8192, 4096) if c.splits > 1]
+    # 48 tiles of 128x128 at N = 6144: 2 splits (96 units), not 3 (144: a second wave)
+    assert [c.splits for c in space.split_k(k, prog.program.tensors, 64, 6144) if c.tile_n == 128] == [2]
 
 
 def test_block_quantization_only_gets_tiles_its_blocks_divide():

@@ -12,7 +12,7 @@ Sm90TopologicalVisitor (a DAG) whose nodes are:
             collective, D is void and the last node is a sink
 
 The C ABI of the generated library: ptrs = [A, B, D, one pointer per node that has one, in node
-order], sizes = [M, N, K, swizzle, raster], scalars = [one float per scalar node, in node order].
+order], sizes = [M, N, K, swizzle, raster, splits], scalars = [one float per scalar node, in node order].
 """
 from __future__ import annotations
 
@@ -56,6 +56,11 @@ class KernelSpec:
             return ("cutlass::gemm::KernelTmaWarpSpecializedCooperative",
                     "cutlass::epilogue::TmaWarpSpecializedCooperative")
         return ("cutlass::gemm::KernelTmaWarpSpecializedPingpong", "cutlass::epilogue::TmaWarpSpecialized")
+
+    @property
+    def tile_scheduler(self) -> str:
+        """The kernel's tile scheduler: the stream-K one (in split-K mode) where the plan splits K."""
+        return "cutlass::gemm::StreamKScheduler" if self.config.split_k else "void"
 
 
 class Builder:

@@ -9,6 +9,7 @@ _HINTS = {"tile": "tiles are MxNxK with M in 64/128/256, N in 64/128/192/256, K 
           "cluster": "clusters are 1x1, 2x1, 1x2 or 2x2",
           "epi_tile": "the epilogue tile is MxN dividing the CTA tile, e.g. epi_tile=128x64",
           "swizzle": "swizzle is 1, 2, 4 or 8",
+          "splits": "splits is 1, 2, 3, 4, 6 or 8 (split-K, cooperative schedule only), e.g. splits=4",
           "accumulate": "accumulate=f16 (f16 or fp8 operands) or accumulate=f32 (the default)"}
 
 
@@ -18,13 +19,16 @@ def parse(options: dict[str, tuple[str, Span]], gemm_span: Span) -> dict:
         raise error("E215", "epi_tile needs tile: the epilogue tile must divide the CTA tile, which without "
                     "`tile=` depends on the row count and the epilogue's shared memory", options["epi_tile"][1],
                     "fix both, e.g. with tile=128x256x64, epi_tile=128x64")
-    if "tile" in out and ("schedule" in out or "epi_tile" in out):
-        schedule = out.get("schedule", "cooperative" if out["tile"][0] >= 128 else "pingpong")
-        problems = vocab.combination_problems(schedule, out["tile"], out.get("epi_tile"))
+    if "tile" in out and ("schedule" in out or "epi_tile" in out) or out.get("splits", 1) > 1:
+        tile = out.get("tile", (128, 128, 64))
+        default = "cooperative" if tile[0] >= 128 or out.get("splits", 1) > 1 else "pingpong"
+        schedule = out.get("schedule", default)
+        problems = vocab.combination_problems(schedule, tile, out.get("epi_tile"), out.get("splits", 1))
         if problems:
-            where = options.get("schedule", options.get("epi_tile", options["tile"]))[1]
+            where = options.get("schedule", options.get("epi_tile", options.get("tile", options.get("splits"))))[1]
             raise error("E216", "; ".join(problems), where,
-                        "pick another tile or schedule (cooperative: tile M 128/256; pingpong: 64/128)")
+                        "pick another tile or schedule (cooperative: tile M 128/256; pingpong: 64/128; "
+                        "splits > 1: cooperative)")
     return out
 
 
@@ -41,7 +45,7 @@ def parse_value(key: str, text: str, span: Span | None):
         if text not in choices:
             raise error("E215", f"{key} must be one of {', '.join(choices)}, got '{text}'", span,
                         f"write {key}={choices[0]}; the choices are {', '.join(choices)}")
-        value = int(text) if key == "swizzle" else text
+        value = int(text) if key in vocab.INT_OPTIONS else text
     else:
         raise error("E215", f"unknown gemm option '{key}'", span, "options: " + ", ".join(vocab.ALL_OPTIONS))
     problem = vocab.value_problem(key, value)
@@ -52,7 +56,7 @@ def parse_value(key: str, text: str, span: Span | None):
 
 def check_config(config, gemms: dict[str, Span | None]) -> dict[str, dict]:
     """The per-gemm overrides of epic.compile(path, config={"g": {"tile": (128, 128, 64)}}), checked
-    like the file's options and normalized (tuples of ints, swizzle an int): an unknown gemm or option,
+    like the file's options and normalized (tuples of ints, swizzle and splits ints): an unknown gemm or option,
     or a value of the wrong type or range, is an E215 (the combination is checked when the plan is made)."""
     if config is None:
         return {}

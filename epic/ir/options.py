@@ -8,6 +8,9 @@ SCHEDULES = ("cooperative", "pingpong")
 AUX_LOADS = ("tma", "direct")
 RASTERS = ("heuristic", "m", "n")     # CUTLASS RasterOrderOptions: Heuristic, AlongM, AlongN
 SWIZZLES = (1, 2, 4, 8)
+# split-K: the K loop of every output tile divided among this many CTAs, reduced in a fixed order
+# (CUTLASS's stream-K tile scheduler in its split-K mode, deterministic reduction)
+SPLITS = (1, 2, 3, 4, 6, 8)
 TILE_M = (64, 128, 256)
 TILE_N = (64, 128, 192, 256)
 TILE_K = (64, 128)
@@ -17,7 +20,8 @@ CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2))
 SIZE_OPTIONS = {"tile": ((2, 3), "128x128x64"), "cluster": ((2,), "2x1"), "epi_tile": ((2,), "128x64")}
 # options chosen from a set: name -> the spellings
 CHOICE_OPTIONS = {"schedule": SCHEDULES, "aux_load": AUX_LOADS, "raster": RASTERS,
-                  "swizzle": tuple(str(s) for s in SWIZZLES)}
+                  "swizzle": tuple(str(s) for s in SWIZZLES), "splits": tuple(str(s) for s in SPLITS)}
+INT_OPTIONS = ("swizzle", "splits")
 # options that change what the program computes, not how fast: the file says them, a call cannot
 SEMANTIC_OPTIONS = {"accumulate": ("f32", "f16")}
 ALL_OPTIONS = (*SIZE_OPTIONS, *CHOICE_OPTIONS, *SEMANTIC_OPTIONS)
@@ -41,13 +45,19 @@ def value_problem(key: str, value) -> str | None:
                     f"(got {em}x{en})")
     if key == "swizzle" and int(value) not in SWIZZLES:
         return "swizzle must be " + _or(SWIZZLES)
+    if key == "splits" and int(value) not in SPLITS:
+        return "splits must be " + _or(SPLITS)
     return None
 
 
-def combination_problems(schedule: str, tile: tuple[int, int, int], epi_tile: tuple[int, int] | None) -> list[str]:
+def combination_problems(schedule: str, tile: tuple[int, int, int], epi_tile: tuple[int, int] | None,
+                         splits: int = 1) -> list[str]:
     """What CUTLASS's sm90 schedules refuse in a complete configuration."""
     m, n, _ = tile
     out = []
+    if splits > 1 and schedule != "cooperative":
+        out.append(f"splits={splits} needs the cooperative schedule (CUTLASS's pingpong kernel has no split-K "
+                   "tile scheduler)")
     if schedule == "cooperative" and m not in (128, 256):
         out.append("the cooperative schedule needs tile M = 128 or 256")
     if schedule == "pingpong" and m not in (64, 128):

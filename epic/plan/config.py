@@ -36,6 +36,10 @@ class KernelConfig:
     # ("heuristic", "m", "n"). Launch-time arguments: they do not change the built kernel.
     swizzle: int = 1
     raster: str = "heuristic"
+    # split-K (cooperative only): each output tile's K loop divided among this many CTAs, whose
+    # partial accumulators are added in a fixed order before the epilogue runs once, on the last.
+    # The number is a launch argument; splits > 1 builds the kernel with CUTLASS's stream-K scheduler.
+    splits: int = 1
 
     @property
     def raster_code(self) -> int:
@@ -54,18 +58,24 @@ class KernelConfig:
                 + (f" aux_load={self.aux_load}" if self.aux_load != "tma" else "")
                 + (f" epilogue {self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else "")
                 + (f" swizzle {self.swizzle}" if self.swizzle != 1 else "")
-                + (f" raster {self.raster}" if self.raster != "heuristic" else ""))
+                + (f" raster {self.raster}" if self.raster != "heuristic" else "")
+                + (f" splits {self.splits}" if self.splits != 1 else ""))
 
     def key(self) -> str:
-        """Names the built kernel: only what changes the code (not swizzle/raster)."""
+        """Names the built kernel: only what changes the code (not swizzle/raster/the split count)."""
         return (f"{self.schedule[:4]}_{'x'.join(map(str, self.tile))}_c{self.cluster[0]}x{self.cluster[1]}"
                 + (f"_{self.aux_load}" if self.aux_load != "tma" else "")
-                + (f"_e{self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else ""))
+                + (f"_e{self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else "")
+                + ("_splitk" if self.split_k else ""))
+
+    @property
+    def split_k(self) -> bool:
+        return self.splits > 1
 
 
 def problems(cfg: KernelConfig) -> list[str]:
     out = [p for p in (vocab.value_problem("tile", cfg.tile), vocab.value_problem("cluster", cfg.cluster),
-                       vocab.value_problem("swizzle", cfg.swizzle),
+                       vocab.value_problem("swizzle", cfg.swizzle), vocab.value_problem("splits", cfg.splits),
                        vocab.value_problem("epi_tile", cfg.epi_tile) if cfg.epi_tile else None) if p]
     if cfg.schedule not in SCHEDULES:
         out.append(f"unknown schedule '{cfg.schedule}' (use {' or '.join(SCHEDULES)})")
@@ -73,7 +83,7 @@ def problems(cfg: KernelConfig) -> list[str]:
         out.append(f"aux_load must be one of {', '.join(AUX_LOADS)}")
     if cfg.raster not in RASTERS:
         out.append(f"raster must be one of {', '.join(RASTERS)}")
-    return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile)
+    return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits)
 
 
 def validate(cfg: KernelConfig, where: str = "", span=None) -> KernelConfig:
@@ -82,7 +92,7 @@ def validate(cfg: KernelConfig, where: str = "", span=None) -> KernelConfig:
         raise error("E216", f"bad kernel configuration{' for ' + where if where else ''} ({cfg}): "
                     + "; ".join(found), span,
                     "change the gemm's `with` options or the call's config (cooperative: tile M 128/256; "
-                    "pingpong: tile M 64/128)")
+                    "pingpong: tile M 64/128; splits > 1: cooperative)")
     return cfg
 
 
@@ -154,7 +164,8 @@ def _heavy_epilogue(kernel) -> bool:
 def _with_blocks(cfg: KernelConfig, blocks) -> KernelConfig:
     for b in blocks or ():
         if cfg.tile_n % b:   # powers of two: only a block wider than the tile fails to divide it
-            cfg = KernelConfig(cfg.schedule, (cfg.tile_m, b, cfg.tile[2]), cfg.cluster, swizzle=cfg.swizzle)
+            cfg = KernelConfig(cfg.schedule, (cfg.tile_m, b, cfg.tile[2]), cfg.cluster, swizzle=cfg.swizzle,
+                               splits=cfg.splits)
     return cfg
 
 
@@ -197,17 +208,22 @@ def choose(kernel, m: int, override: dict | None, tensors: dict) -> KernelConfig
     first configuration of its ladder whose shared memory leaves the mainloop 2 stages)."""
     cfg = heuristic(m, block_sizes(kernel), kernel, tensors)
     tile_fixed = False      # a tile the file or the call chose is kept (a bad combination is E216)
+    schedule_fixed = False  # so is a schedule
     for source in (kernel.options, override or {}):
         if source:
             tile = tuple(source.get("tile", cfg.tile))
             tile_fixed = tile_fixed or "tile" in source
-            schedule = source.get("schedule") or (_schedule_for(tile, cfg.schedule) if "tile" in source else cfg.schedule)
-            if "schedule" in source and not tile_fixed:
+            splits = int(source.get("splits", cfg.splits))
+            # split-K exists for the cooperative schedule only: asking for it picks that schedule
+            preferred = "cooperative" if splits > 1 and not schedule_fixed else cfg.schedule
+            schedule = source.get("schedule") or (_schedule_for(tile, preferred) if "tile" in source else preferred)
+            schedule_fixed = schedule_fixed or "schedule" in source
+            if schedule != cfg.schedule and not tile_fixed:
                 tile = _tile_for(schedule, tile)
             epi = source.get("epi_tile", cfg.epi_tile)
             cfg = KernelConfig(schedule, tile, tuple(source.get("cluster", cfg.cluster)),
                                source.get("aux_load", cfg.aux_load), tuple(epi) if epi else None,
-                               int(source.get("swizzle", cfg.swizzle)), source.get("raster", cfg.raster))
+                               int(source.get("swizzle", cfg.swizzle)), source.get("raster", cfg.raster), splits)
     blocks = block_sizes(kernel)
     cfg = _block_epilogue(cfg, blocks)
     cfg = validate(cfg, f"gemm '{kernel.name}'", getattr(kernel, "span", None))

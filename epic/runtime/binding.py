@@ -64,7 +64,7 @@ def bind(plan: planner.Plan, libraries: list, device: torch.device) -> Bound:
         m, n = sizes_mod.evaluate(k.rows, sizes), sizes_mod.evaluate(k.n, sizes)
         if isinstance(spec, evt.KernelSpec):
             cfg = plan.configs[k.name]
-            dims = [m, n, sizes_mod.evaluate(k.k, sizes), cfg.swizzle, cfg.raster_code]
+            dims = [m, n, sizes_mod.evaluate(k.k, sizes), cfg.swizzle, cfg.raster_code, cfg.splits]
         else:
             cfg = plan.configs[k.source]
             dims = [m, n, cfg.tile_m, cfg.tile_n]

@@ -6,12 +6,15 @@ it), ranked by a cost model of the tile grid: the fraction of computed elements 
 matrix (ragged edges), the fraction of the last wave's SMs that have work, and the tile's operand
 reuse (a 128x256 tile loads 3/8 of the bytes per flop a 64x64 one does). Launch-time options
 (swizzle, raster) do not change the built kernel; they are tried on the best tiles only, and so are
-explicit epilogue tiles (wider subtiles: fewer epilogue iterations for more shared memory).
+explicit epilogue tiles (wider subtiles: fewer epilogue iterations for more shared memory). Where the
+output tiles cannot fill half the SMs (decode), split-K is tried on cooperative 128-row tiles: the
+split count that comes closest to one full wave.
 """
 from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 from ..diagnostics import EpicError
 from ..ir import options as vocab
@@ -28,7 +31,7 @@ EPI_WIDTHS = (64, 128)      # explicit epilogue subtile widths tried on the heur
 def score(cfg: config_mod.KernelConfig, m: int, n: int) -> float:
     """Higher is better: useful fraction of the tile grid x last-wave occupancy x operand reuse."""
     tm, tn = cfg.tile_m, cfg.tile_n
-    tiles = math.ceil(m / tm) * math.ceil(n / tn)
+    tiles = math.ceil(m / tm) * math.ceil(n / tn) * cfg.splits
     useful = m * n / (tiles * tm * tn)
     waves = math.ceil(tiles / SMS)
     occupancy = tiles / (waves * SMS)
@@ -44,6 +47,8 @@ def override(cfg: config_mod.KernelConfig) -> dict:
         out["epi_tile"] = tuple(cfg.epi_tile)
     if cfg.aux_load != "tma":
         out["aux_load"] = cfg.aux_load
+    if cfg.splits != 1:
+        out["splits"] = cfg.splits
     return out
 
 
@@ -72,8 +77,7 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6) -> list[co
             if len(out) < limit and all(c.key() != cfg.key() for c in out):
                 out.append(cfg)
     for cfg in out[:2]:
-        other = config_mod.KernelConfig(cfg.schedule, cfg.tile, cfg.cluster, cfg.aux_load, cfg.epi_tile,
-                                        1 if cfg.swizzle == 8 else 8, cfg.raster)
+        other = replace(cfg, swizzle=1 if cfg.swizzle == 8 else 8)
         if other not in out:
             out.append(other)
     for width in EPI_WIDTHS:           # the heuristic's tile with a wider epilogue subtile
@@ -81,6 +85,25 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6) -> list[co
         try:
             cfg = config_mod.choose(kernel, m, {**override(first), "epi_tile": epi}, tensors)
         except EpicError:              # shared memory, a block the subtile would split, ...
+            continue
+        if all(c.key() != cfg.key() for c in out):
+            out.append(cfg)
+    return out + split_k(kernel, tensors, m, n)
+
+
+def split_k(kernel, tensors: dict, m: int, n: int) -> list[config_mod.KernelConfig]:
+    """Split-K candidates where a cooperative 128-row tile grid fills less than half the SMs: per tile
+    width, the largest split count that keeps the work units within one wave."""
+    out = []
+    for width in (64, 128, 256):
+        tiles = math.ceil(m / 128) * math.ceil(n / width)
+        fitting = [s for s in vocab.SPLITS if s > 1 and tiles * s <= SMS]
+        if tiles * 2 > SMS or not fitting:
+            continue
+        try:
+            cfg = config_mod.choose(kernel, m, {"schedule": "cooperative", "tile": (128, width, 64), "cluster": (1, 1),
+                                                "splits": max(fitting)}, tensors)
+        except EpicError:              # shared memory, a block wider than the tile, ...
             continue
         if all(c.key() != cfg.key() for c in out):
             out.append(cfg)
