@@ -53,6 +53,7 @@ CODES = {
     "E606": "tensor not 16-byte aligned",
     "E607": "bad or missing dimension sizes",
     "E608": "bad argument to epic.compile (an unknown fallback policy)",
+    "E609": "a captured program replayed with other shapes, dtypes, strides, devices or scalar values",
     "E701": "the generated CUDA failed to compile (a bug in epic; the .cu is kept)",
     "E702": "not supported by code generation yet",
     "E703": "no CUDA device or the kernel launch failed",

@@ -114,6 +114,19 @@ def test_split_k_builds_the_stream_k_scheduler_and_the_split_count_is_a_launch_a
                  "reduction_mode)::Deterministic;"):
         assert line in two[0].source and line not in base[0].source
     assert two[1].source == base[1].source          # the combine kernel does not change
+    # CUTLASS 4.2's stream-K scheduler does not compile with griddepcontrol (is_last_tile)
+    assert "#define CUTLASS_ENABLE_GDC_FOR_SM90" in base[0].source
+    assert "#define CUTLASS_ENABLE_GDC_FOR_SM90" not in two[0].source
+
+
+def test_combine_kernels_are_programmatic_dependents_that_wait_before_reading():
+    prog = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi")).program
+    source = [u for _, u in emit.units(prog, emit.kernel_configs(prog, 64))][1].source
+    assert "programmaticStreamSerializationAllowed = 1;" in source and "<<<" not in source
+    body = source[source.index("__global__ void combine_kernel"):]
+    body = body[body.index("{") + 1:]
+    assert body.lstrip().startswith("wait_for_the_previous_kernel();")     # before any global memory access
+    assert 'asm volatile("griddepcontrol.wait;" ::: "memory");' in source
 
 
 def test_the_launch_sets_the_cluster_only_where_there_is_one():

@@ -75,7 +75,8 @@ def test_generated_code():
     a = analyze((ROOT / "tests/programs/whole_tensor.epi").read_text())
     units = emit.units(a.program, emit.kernel_configs(a.program, 77))
     sources = {k.name: u.source for k, (_, u) in zip(a.program.kernels, units)}
-    assert "<<<1, 32, 0" in sources["g__all_combine"]
+    assert "const dim3 grid(1), block(32);" in sources["g__all_combine"]
+    assert "griddepcontrol.wait" in sources["g__all_combine"]     # launched as a dependent of g (PDL)
     assert "__syncthreads" not in sources["g__all_combine"]      # one warp: shuffles only
     assert "{{0.f}, {static_cast<float const*>(p[3])}, {}}" in sources["g2"]   # p[3]: scalar:inv
     assert '\\"scalar:inv\\"' in sources["g2"]

@@ -19,7 +19,7 @@ from ..diagnostics import EpicError, error
 from ..ir.core import Tensor
 from ..plan import planner
 from ..tuning import database
-from . import binding, build, custom_op, fastcall, loader
+from . import binding, build, custom_op, fastcall, graphs, loader
 from .validate import scalar_value, signature, validate
 
 
@@ -244,6 +244,11 @@ class CompiledProgram:
                 self._libraries[key] = [(spec, loader.load(path, [f"{p.role}:{p.tensor}" for p in spec.pointers]))
                                         for (spec, _), path in zip(pairs, paths)]
         return binding.bind(plan, self._libraries[key], device)
+
+    def capture(self, keep: bool = False, **args) -> "graphs.Captured":
+        """This call recorded as a CUDA graph (epic/runtime/graphs.py): captured(**new_inputs) copies them
+        into the recorded input tensors and replays every kernel with one cudaGraphLaunch."""
+        return graphs.Captured(self, keep, args)
 
     # ------------------------------------------------------------------ torch integration
     def torch_op(self):

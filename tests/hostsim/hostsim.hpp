@@ -74,7 +74,7 @@ inline float int_as_float_(int u) { float x; std::memcpy(&x, &u, 4); return x; }
 namespace hostsim {
 
 // ------------------------------------------------------------------------------------------------
-// CUDA launch builtins for a pasted combine kernel: `kernel<<<grid, block, smem, stream>>>(args)`
+// CUDA launch builtins for a pasted combine kernel: its launch `launch_after_previous(grid, block, stream, P)`
 // becomes `hostsim::launch(grid, block, smem, stream, [&] { kernel(args); })`.
 //
 // Warp-synchronous code (shuffles) on one host thread: the lanes of a warp run one after another,

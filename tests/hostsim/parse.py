@@ -279,7 +279,7 @@ def parse_combine(text: str) -> CombineSource:
     found = re.search(r"const int (m|n) = [^;]*blockIdx\.x[^;]*;", body)
     if found:
         var = found.group(1)
-    elif re.search(r"<<<\s*1\s*,\s*32\s*,", text):      # the whole-tensor combine: one warp, no row/column
+    elif re.search(r"const dim3 grid\(1\), block\(32\);", text):   # the whole-tensor combine: one warp
         var = "0"
     else:
         raise SourceFormatError("the thread's (or warp's) row/column not found, and the launch is not one warp")

@@ -3,9 +3,9 @@
 gemm: the functors and device helpers are pasted as they are; each node becomes its host
 emulation (nodes.py) constructed from its own initializer text; the DAG is evaluated per fragment
 in node order along the parsed edges; the root's result is stored as D when D is not void.
-combine: the whole source is pasted, with its includes removed (the TU includes them once), the
-launch `k<<<grid, block, smem, stream>>>(args)` turned into hostsim::launch (a loop over threads)
-(which runs warps of lanes, shuffles included)
+combine: the whole source is pasted, with its includes removed (the TU includes them once), its PDL
+launch helper removed and the call `return launch_after_previous(grid, block, stream, P);` turned into
+hostsim::launch (a loop over threads, which runs warps of lanes, shuffles included)
 and cudaGetLastError into the status of those launches. Either way the namespace defines epic_launch,
 epic_workspace_size and epic_info with the C ABI's signatures; compiler.py exports them.
 """
@@ -106,16 +106,21 @@ def gemm(src: GemmSource, namespace: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ combine
-_LAUNCH = re.compile(r"(\w+)\s*<<<(.*?)>>>\s*\((.*?)\)\s*;", re.S)
+# the PDL launch helper (cudaLaunchKernelEx: no host emulation) and its one call
+_HELPER = re.compile(r"^int launch_after_previous\(.*?^\}\n", re.S | re.M)
+_LAUNCH = re.compile(r"return launch_after_previous\((\w+), (\w+), ([^;]*?), (\w+)\);")
 
 
 def combine(source: str, namespace: str) -> str:
     text = "\n".join(line for line in source.splitlines()
                      if not line.lstrip().startswith("#include") and not line.lstrip().startswith("#define EPIC_API"))
-    text, launches = _LAUNCH.subn(lambda m: f"hostsim::launch({m.group(2)}, [&] {{ {m.group(1)}({m.group(3)}); }});",
+    text, helpers = _HELPER.subn("", text)
+    text, launches = _LAUNCH.subn(lambda m: f"hostsim::launch({m.group(1)}, {m.group(2)}, 0, {m.group(3)}, "
+                                            f"[&] {{ combine_kernel({m.group(4)}); }}); return int(cudaGetLastError());",
                                   text)
-    if launches != 1:
-        raise SourceFormatError(f"expected one kernel launch (<<<...>>>) in the combine source, found {launches}")
+    if helpers != 1 or launches != 1:
+        raise SourceFormatError(f"expected the launch helper and one call of it in the combine source, found "
+                                f"{helpers} and {launches}")
     return "\n".join([
         f"namespace {namespace} {{",
         "using namespace hostsim::cuda_builtins;",
