@@ -198,6 +198,43 @@ def test_a_tuned_configuration_the_plan_refuses_warns_and_falls_back(db, monkeyp
 
 
 # ---------------------------------------------------------------- the search
+def test_a_candidate_slower_than_the_give_up_time_is_timed_once():
+    from epic.tuning import measure
+    runs = []
+
+    def timed(ms):
+        return lambda fn: runs.append(ms) or ms
+    assert measure.median_ms(lambda: None, reps=9, warmup=2, give_up_ms=5.0, timed=timed(7.0)) == 7.0
+    assert len(runs) == 1                       # the first timed run was over: no more
+    runs.clear()
+    assert measure.median_ms(lambda: None, reps=9, warmup=2, give_up_ms=5.0, timed=timed(4.0)) == 4.0
+    assert len(runs) == 9
+    runs.clear()
+    assert measure.median_ms(lambda: None, reps=5, warmup=0, timed=timed(70.0)) == 70.0 and len(runs) == 5
+    times = iter([3.0, 1.0, 9.0, 2.0, 8.0])     # the median, and a later slow run does not stop it
+    assert measure.median_ms(lambda: None, reps=5, warmup=0, give_up_ms=4.0, timed=lambda fn: next(times)) == 3.0
+
+
+def test_the_tuner_gives_up_at_three_times_the_best_so_far(db, monkeypatch):
+    """The default timer gets GIVE_UP x the fastest candidate timed before it, per gemm."""
+    from epic.tuning import measure
+    monkeypatch.setenv("EPIC_NO_TUNING", "1")
+    sizes = dict(M=8192, D=4096)
+    given, times = [], iter([2.0, 9.0, 1.5, 7.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0])
+
+    def fake_median(fn, reps=20, warmup=3, give_up_ms=None, timed=None):
+        given.append(give_up_ms)
+        return next(times)
+    monkeypatch.setattr(measure, "median_ms", fake_median)
+    monkeypatch.setattr(tuner, "device_inputs", lambda program, sizes, seed=0: {})
+    lines = []
+    tuner.tune(RESID, sizes, limit=4, database_file=db, gpu="GPU-A", builder=lambda u: None, report=lines.append,
+               unfused_timer=lambda u, i: {}, timeout=0)
+    assert given[:4] == [None, 6.0, 6.0, 4.5], given
+    assert sum("(over 3x the best so far)" in line for line in lines) == 2, lines     # 9.0 > 6.0, 7.0 > 4.5
+    assert tuner.isolated.request("p", {}, {}, 5, give_up_ms=4.5).endswith('"give_up_ms": 4.5}')
+
+
 class FakeGPU:
     """Times a program by its configurations: a table of ms per (gemm, tile), 9 ms otherwise."""
 
@@ -315,7 +352,7 @@ def test_the_childs_answer_is_read_defensively(script, words):
 def test_the_request_carries_the_candidate():
     from epic.tuning import trial
     req = json.loads(trial.request("samples/x.epi", {"M": 64}, {"g": {"tile": (64, 64, 64), "schedule": "pingpong"}}, 7))
-    assert req == {"source": "samples/x.epi", "sizes": {"M": 64}, "reps": 7, "seed": 0,
+    assert req == {"source": "samples/x.epi", "sizes": {"M": 64}, "reps": 7, "seed": 0, "give_up_ms": None,
                    "configs": {"g": {"tile": [64, 64, 64], "schedule": "pingpong"}}}
     from epic.frontend import options
     assert options.check_config(req["configs"], {"g": None}) == {"g": {"tile": (64, 64, 64), "schedule": "pingpong"}}

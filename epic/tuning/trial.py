@@ -5,7 +5,7 @@ reports as that candidate's failure, instead of hanging the whole tune.
   python -m epic.tuning.trial < request.json    ->  {"ms": 0.123} or {"why": "..."} on stdout
 
 The request: {"source": path or program text, "sizes": {...}, "configs": {gemm: options}, "reps": n,
-"seed": s}. The child builds nothing (EPIC_NO_BUILD: the parent built every candidate) and ignores the
+"seed": s, "give_up_ms": ms or null (measure.median_ms)}. The child builds nothing (EPIC_NO_BUILD: the parent built every candidate) and ignores the
 tuning database (EPIC_NO_TUNING: the candidate's configuration is the point).
 """
 from __future__ import annotations
@@ -18,9 +18,10 @@ import sys
 from ..diagnostics import Diagnostic, EpicError
 
 
-def request(source: str, sizes: dict, configs: dict, reps: int, seed: int = 0) -> str:
+def request(source: str, sizes: dict, configs: dict, reps: int, seed: int = 0, give_up_ms: float | None = None) -> str:
     plain = {g: {k: list(v) if isinstance(v, tuple) else v for k, v in c.items()} for g, c in configs.items()}
-    return json.dumps({"source": source, "sizes": sizes, "configs": plain, "reps": reps, "seed": seed})
+    return json.dumps({"source": source, "sizes": sizes, "configs": plain, "reps": reps, "seed": seed,
+                       "give_up_ms": give_up_ms})
 
 
 def run_isolated(payload: str, timeout: float, argv: list[str] | None = None) -> float:
@@ -57,7 +58,9 @@ def main() -> int:
                                                         if k.kind == "gemm"})
         prog = CompiledProgram(analysis, configs)
         inputs = device_inputs(analysis.source_program, req["sizes"], req.get("seed", 0))
-        ms = measure.median_ms(lambda: prog(**inputs), int(req["reps"]))
+        give_up = req.get("give_up_ms")
+        ms = measure.median_ms(lambda: prog(**inputs), int(req["reps"]),
+                               give_up_ms=float(give_up) if isinstance(give_up, (int, float)) else None)
         print(json.dumps({"ms": ms}))
     except EpicError as e:
         print(json.dumps({"why": e.diagnostics[0].message.splitlines()[0]}))

@@ -3,7 +3,8 @@
 Gemm by gemm, in program order (a chain's later gemms are tuned with the earlier ones' winners in
 place): the candidates of tuning/space.py are built all at once (parallel nvcc), then each is timed
 as the whole program's call (so a configuration that makes a combine kernel slower loses) on the
-same random inputs. A candidate that cannot be built or launched is reported and skipped. Then the
+same random inputs. A candidate that cannot be built or launched is reported and skipped; one whose
+first timed run is over GIVE_UP times the best so far is timed no further (it cannot win). Then the
 program's unfused torch form (runtime/unfused.py) is timed on the same inputs, eager and compiled:
 the baseline fusion must beat (`epic plan --tuned` prints the comparison; fallback="auto" runs the
 faster form). The result goes to the tuning database, which epic.compile consults from then on.
@@ -20,6 +21,8 @@ from ..plan import planner
 from ..runtime import build
 from . import database, measure, space
 from . import trial as isolated
+
+GIVE_UP = 3.0    # a candidate whose first timed run exceeds this multiple of the best so far stops there
 
 
 @dataclass
@@ -69,10 +72,12 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
     planner.make_plan(program, sizes)                                  # the sizes are legal at all
     gpu = gpu or torch.cuda.get_device_name()
     on_gpu = timer is None
+    give_up: dict[str, float | None] = {"ms": None}     # GIVE_UP x the best time so far of this gemm
     if timer is None:
-        timer = (lambda prog, inputs: measure.median_ms(lambda: prog(**inputs), reps)) if not timeout else \
-            (lambda prog, inputs: isolated.run_isolated(isolated.request(path_or_source, sizes, prog.config, reps),
-                                                         timeout))
+        timer = (lambda prog, inputs: measure.median_ms(lambda: prog(**inputs), reps, give_up_ms=give_up["ms"])) \
+            if not timeout else \
+            (lambda prog, inputs: isolated.run_isolated(isolated.request(path_or_source, sizes, prog.config, reps,
+                                                                         give_up_ms=give_up["ms"]), timeout))
     builder = builder or (lambda units: build.build_all(units, jobs))
     inputs = device_inputs(analysis.source_program, sizes) if on_gpu else {}
     m = sizes_mod.evaluate(next(k.rows for k in program.kernels), sizes)
@@ -94,6 +99,7 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
         units = {u.name + u.source: u for t in round_trials if t.why is None for u in t.units}
         report(f"{kernel.name}: building {len(units)} kernel(s) for {len(round_trials)} configuration(s)")
         _build_each(builder, round_trials)
+        give_up["ms"] = None
         for trial in round_trials:
             if trial.why is None:
                 try:
@@ -101,7 +107,11 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
                     trial.ms = timer(prog, inputs)
                 except EpicError as e:
                     trial.why = e.diagnostics[0].message.splitlines()[0]
-            report(f"  {trial.config:<48} " + (f"{trial.ms:8.3f} ms" if trial.ms is not None else f"skipped: {trial.why}"))
+            slow = trial.ms is not None and give_up["ms"] is not None and trial.ms > give_up["ms"]
+            report(f"  {trial.config:<48} " + (f"{trial.ms:8.3f} ms" if trial.ms is not None else f"skipped: {trial.why}")
+                   + (f"  (over {GIVE_UP:g}x the best so far)" if slow else ""))
+            if trial.ms is not None:
+                give_up["ms"] = min(give_up["ms"] or float("inf"), GIVE_UP * trial.ms)
             trial.units = []
         trials += round_trials
         timed = [t for t in round_trials if t.ms is not None]
