@@ -39,6 +39,8 @@ def test_a_replay_copies_new_inputs_and_refuses_what_the_graph_cannot_take():
     out = g(x=torch.ones(4, 8, dtype=torch.bfloat16), a=2.0)
     assert out is g.outputs and g.graph.count == 1 and bool((x == 1).all())      # copied into the recorded x
     assert g(x=x) is g.outputs and g.graph.count == 2                             # the recorded tensor itself
+    assert g(a=2.0, x=torch.full((4, 8), 3.0, dtype=torch.bfloat16)) is g.outputs  # a scalar first, then x
+    assert bool((x == 3).all()) and g.graph.count == 3
     for args, words in [({"x": torch.ones(5, 8, dtype=torch.bfloat16)}, "'x' was recorded as bfloat16[4, 8]"),
                         ({"x": torch.ones(4, 8, dtype=torch.float16)}, "got float16[4, 8]"),
                         ({"x": torch.ones(8, 4, dtype=torch.bfloat16).t()}, "strides [1, 4]"),
@@ -51,7 +53,7 @@ def test_a_replay_copies_new_inputs_and_refuses_what_the_graph_cannot_take():
             g(x=torch.full((4, 8), 7.0, dtype=torch.bfloat16), **args) if "x" not in args else g(**args)
         assert info.value.codes == ["E609"] and words in str(info.value), str(info.value)
         assert ("capture again" if "named" not in words else "its inputs are a, w, x") in info.value.diagnostics[0].hint
-        assert torch.equal(x, before) and g.graph.count == 2        # refused before any copy or replay
+        assert torch.equal(x, before) and g.graph.count == 3        # refused before any copy or replay
 
 
 def test_capture_validates_the_call_first():

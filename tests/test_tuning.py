@@ -64,6 +64,12 @@ def test_split_k_is_tried_where_the_tiles_leave_most_sms_idle():
     assert not [c for c in space.candidates(k, prog.program.tensors, 8192, 4096) if c.splits > 1]
     # 48 tiles of 128x128 at N = 6144: 2 splits (96 units), not 3 (144: a second wave)
     assert [c.splits for c in space.split_k(k, prog.program.tensors, 64, 6144) if c.tile_n == 128] == [2]
+    # 66 tiles of 128x64 at N = 4224: exactly one wave with 2 splits; M = 129 is two tile rows
+    assert [c.splits for c in space.split_k(k, prog.program.tensors, 64, 4224) if c.tile_n == 64] == [2]
+    assert [c.splits for c in space.split_k(k, prog.program.tensors, 129, 4096) if c.tile_n == 128] == [2]
+    # M = 300 plans clusters of 2x1 by default: split-K candidates are 1x1
+    found = space.split_k(k, prog.program.tensors, 300, 1024)
+    assert found and all(c.cluster == (1, 1) and c.schedule == "cooperative" for c in found)
 
 
 def test_block_quantization_only_gets_tiles_its_blocks_divide():
@@ -200,10 +206,10 @@ def test_a_tuned_configuration_the_plan_refuses_warns_and_falls_back(db, monkeyp
 # ---------------------------------------------------------------- the search
 def test_a_candidate_slower_than_the_give_up_time_is_timed_once():
     from epic.tuning import measure
-    runs = []
+    runs, calls = [], []
 
     def timed(ms):
-        return lambda fn: runs.append(ms) or ms
+        return lambda fn: fn() or runs.append(ms) or ms
     assert measure.median_ms(lambda: None, reps=9, warmup=2, give_up_ms=5.0, timed=timed(7.0)) == 7.0
     assert len(runs) == 1                       # the first timed run was over: no more
     runs.clear()
@@ -213,6 +219,12 @@ def test_a_candidate_slower_than_the_give_up_time_is_timed_once():
     assert measure.median_ms(lambda: None, reps=5, warmup=0, timed=timed(70.0)) == 70.0 and len(runs) == 5
     times = iter([3.0, 1.0, 9.0, 2.0, 8.0])     # the median, and a later slow run does not stop it
     assert measure.median_ms(lambda: None, reps=5, warmup=0, give_up_ms=4.0, timed=lambda fn: next(times)) == 3.0
+    runs.clear()                                # exactly the give-up time is not over it
+    assert measure.median_ms(lambda: None, reps=4, warmup=0, give_up_ms=5.0, timed=timed(5.0)) == 5.0
+    assert len(runs) == 4
+    runs.clear()                                # defaults: 3 untimed warm-up calls, 20 timed ones, of fn itself
+    measure.median_ms(lambda: calls.append(1), timed=timed(1.0))
+    assert len(calls) == 23 and len(runs) == 20
 
 
 def test_the_tuner_gives_up_at_three_times_the_best_so_far(db, monkeypatch):

@@ -97,14 +97,12 @@ def split_k(kernel, tensors: dict, m: int, n: int) -> list[config_mod.KernelConf
     out = []
     for width in (64, 128, 256):
         tiles = math.ceil(m / 128) * math.ceil(n / width)
-        fitting = [s for s in vocab.SPLITS if s > 1 and tiles * s <= SMS]
-        if tiles * 2 > SMS or not fitting:
+        fitting = [s for s in vocab.SPLITS if s > 1 and tiles * s <= SMS]     # none: over half the SMs busy
+        if not fitting:
             continue
-        try:
-            cfg = config_mod.choose(kernel, m, {"schedule": "cooperative", "tile": (128, width, 64), "cluster": (1, 1),
-                                                "splits": max(fitting)}, tensors)
+        try:                           # (splits > 1 makes the plan pick the cooperative schedule)
+            out.append(config_mod.choose(kernel, m, {"tile": (128, width, 64), "cluster": (1, 1),
+                                                     "splits": max(fitting)}, tensors))
         except EpicError:              # shared memory, a block wider than the tile, ...
             continue
-        if all(c.key() != cfg.key() for c in out):
-            out.append(cfg)
     return out
