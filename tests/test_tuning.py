@@ -67,6 +67,9 @@ def test_split_k_is_tried_where_the_tiles_leave_most_sms_idle():
     # 66 tiles of 128x64 at N = 4224: exactly one wave with 2 splits; M = 129 is two tile rows
     assert [c.splits for c in space.split_k(k, prog.program.tensors, 64, 4224) if c.tile_n == 64] == [2]
     assert [c.splits for c in space.split_k(k, prog.program.tensors, 129, 4096) if c.tile_n == 128] == [2]
+    # 128 tiles of 128x64 at N = 8192 already fill the SMs: no candidate of that width, none unsplit
+    found = space.split_k(k, prog.program.tensors, 64, 8192)
+    assert [c.tile_n for c in found] == [128, 256] and all(c.splits > 1 for c in found)
     # M = 300 plans clusters of 2x1 by default: split-K candidates are 1x1
     found = space.split_k(k, prog.program.tensors, 300, 1024)
     assert found and all(c.cluster == (1, 1) and c.schedule == "cooperative" for c in found)
