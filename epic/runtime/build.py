@@ -30,7 +30,7 @@ from pathlib import Path
 from .. import envflags
 from ..codegen.unit import Unit  # noqa: F401  (public: build.Unit)
 from ..diagnostics import Diagnostic, EpicError
-from . import cache
+from . import cache, nvcc_split
 from .cache import cache_dir  # noqa: F401  (public: build.cache_dir)
 
 CODEGEN_VERSION = "1"     # bump when generated code changes meaning without changing its text
@@ -173,7 +173,7 @@ def stop_all() -> None:
             _kill(p, wait=False)
 
 
-def build_one(unit: Unit) -> Path:
+def build_one(unit: Unit, split: bool = True) -> Path:
     exe = nvcc_path()
     target = library_path(unit)
     why = cache.problem(target)
@@ -188,13 +188,14 @@ def build_one(unit: Unit) -> Path:
         if cache.problem(target) is None:
             return target
         cache.discard(target)                   # a damaged entry is never served: rebuild it
-        _compile(unit, exe, target, timeout)
+        _compile(unit, exe, target, timeout, split)
     return target
 
 
-def _compile(unit: Unit, exe: str, target: Path, timeout: float) -> None:
+def _compile(unit: Unit, exe: str, target: Path, timeout: float, split: bool = True) -> None:
     """nvcc into a temporary directory inside the entry (nvcc's own temporaries too), then verify and
-    commit. Every way out but success and E701/E217 removes the source; the temporaries always go."""
+    commit. Every way out but success and E701/E217 removes the source; the temporaries always go.
+    split: run nvcc's host and device halves concurrently (nvcc_split.py) when a core is free for it."""
     src = target.with_suffix(".cu")
     try:
         src.write_text(unit.source)
@@ -207,7 +208,13 @@ def _compile(unit: Unit, exe: str, target: Path, timeout: float) -> None:
         out = tmp / target.name
         cmd = [exe, *flags_for(unit), str(src), "-o", str(out)]
         t0 = time.time()
-        r = _run(cmd, timeout, env=dict(os.environ, TMPDIR=str(tmp)))
+        env = dict(os.environ, TMPDIR=str(tmp))
+        r = None
+        if split and unit.uses_cutlass and envflags.enabled("EPIC_NVCC_SPLIT", default=True):
+            r = nvcc_split.compile(cmd, env, timeout, _run, str(src), unit.source)   # None: another nvcc
+        how = "host and device halves in parallel" if r is not None else "plain nvcc"
+        if r is None:
+            r = _run(cmd, timeout, env=env)
         if r.returncode < 0:
             raise EpicError(Diagnostic("E705", f"nvcc was killed by signal {-r.returncode} while building "
                                        f"'{unit.name}'", None, "out of memory? build fewer kernels at a time (-j)"))
@@ -229,7 +236,7 @@ def _compile(unit: Unit, exe: str, target: Path, timeout: float) -> None:
                                        f"usable library: {why}", None, f"check the nvcc at {exe}"))
         keep_src = True
         target.with_suffix(".log").unlink(missing_ok=True)      # an earlier failure's log
-        (target.parent / "build.txt").write_text(" ".join(cmd) + f"\n{time.time() - t0:.1f} s\n")
+        (target.parent / "build.txt").write_text(" ".join(cmd) + f"\n{time.time() - t0:.1f} s ({how})\n")
     except OSError as e:
         raise cache.unusable(Path(e.filename or target.parent), e) from None
     finally:
@@ -263,7 +270,8 @@ def build_all(units: list[Unit], jobs: int | None = None, quiet: bool = False) -
         print(f"epic: building {len(todo)} kernel(s) with nvcc ({jobs} at a time)...", file=sys.stderr)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs)
     try:
-        futures = {pool.submit(build_one, u): u for u in todo}
+        split = 2 * jobs <= (os.cpu_count() or 1)      # a free core for each build's second half
+        futures = {pool.submit(build_one, u, split): u for u in todo}
         if progress is not None:
             with progress:
                 task = progress.add_task(f"nvcc: building {len(todo)} kernel(s)", total=len(todo))
