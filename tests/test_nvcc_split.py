@@ -74,7 +74,7 @@ def test_with_nvccs_module_id_the_library_is_nvccs(tmp_path):
     tmp = tmp_path / "t"
     tmp.mkdir()
     env = dict(build.os.environ, TMPDIR=str(tmp))
-    r = nvcc_split.compile([exe, *flags, str(src), "-o", str(tmp_path / "split.so")], env, 300, build._run,
+    r = nvcc_split.build([exe, *flags, str(src), "-o", str(tmp_path / "split.so")], env, 300, build._run,
                            str(src), unit.source, the_id)
     assert r is not None and r.returncode == 0, r and r.stderr
     for section in (".text", ".nv_fatbin", ".rodata", ".data"):
@@ -106,3 +106,20 @@ def test_a_lone_build_runs_the_halves_in_parallel_and_loads(tmp_path, monkeypatc
         path = build.build_all([unit], jobs=1, quiet=True)[0]
         assert how in (path.parent / "build.txt").read_text()
         assert loader.load(path, [f"{p.role}:{p.tensor}" for p in spec.pointers]).info["kernel"] == spec.name
+
+
+@pytest.mark.parametrize("cpus, units, split", [
+    (2, [True, False], True),           # one CUTLASS kernel and a combine kernel on 2 cores (./dev.sh setup)
+    (2, [True, True, False], False),    # two CUTLASS kernels on 2 cores: both cores busy already
+    (16, [True] * 40, False),           # the device machine's prebuild
+    (16, [True] * 5, True),
+    (1, [True], False),
+])
+def test_builds_split_only_where_a_core_is_free(monkeypatch, tmp_path, cpus, units, split):
+    monkeypatch.setenv("EPIC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build.os, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(build, "default_jobs", lambda n: min(n, cpus))
+    seen = []
+    monkeypatch.setattr(build, "build_one", lambda unit, s: seen.append(s) or tmp_path / unit.name)
+    build.build_all([build.Unit(f"k{i}", f"// {i}\n", heavy) for i, heavy in enumerate(units)], quiet=True)
+    assert set(seen) == {split}

@@ -211,7 +211,7 @@ def _compile(unit: Unit, exe: str, target: Path, timeout: float, split: bool = T
         env = dict(os.environ, TMPDIR=str(tmp))
         r = None
         if split and unit.uses_cutlass and envflags.enabled("EPIC_NVCC_SPLIT", default=True):
-            r = nvcc_split.compile(cmd, env, timeout, _run, str(src), unit.source)   # None: another nvcc
+            r = nvcc_split.build(cmd, env, timeout, _run, str(src), unit.source)   # None: another nvcc
         how = "host and device halves in parallel" if r is not None else "plain nvcc"
         if r is None:
             r = _run(cmd, timeout, env=env)
@@ -270,7 +270,8 @@ def build_all(units: list[Unit], jobs: int | None = None, quiet: bool = False) -
         print(f"epic: building {len(todo)} kernel(s) with nvcc ({jobs} at a time)...", file=sys.stderr)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs)
     try:
-        split = 2 * jobs <= (os.cpu_count() or 1)      # a free core for each build's second half
+        heavy = sum(1 for u in todo if u.uses_cutlass)  # the builds that take a minute, not seconds
+        split = 2 * min(jobs, heavy) <= (os.cpu_count() or 1)   # a free core for each one's second half
         futures = {pool.submit(build_one, u, split): u for u in todo}
         if progress is not None:
             with progress:

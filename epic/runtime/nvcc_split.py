@@ -57,8 +57,8 @@ def module_id(source_path: str, source: str) -> str:
             f"{hashlib.sha256(source.encode()).hexdigest()[:8]}")
 
 
-def compile(cmd: list[str], env: dict, timeout: float, run, source_path: str, source: str,
-            the_id: str | None = None) -> subprocess.CompletedProcess | None:
+def build(cmd: list[str], env: dict, timeout: float, run, source_path: str, source: str,
+          the_id: str | None = None) -> subprocess.CompletedProcess | None:
     """Build what `cmd` (an nvcc command line) builds, halves in parallel; None: run plain nvcc.
     run(argv, timeout, env) -> CompletedProcess (build._run: process groups, timeouts, Ctrl-C)."""
     start = time.monotonic()
