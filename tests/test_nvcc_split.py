@@ -29,11 +29,13 @@ DRY = """#$ _NVVM_BRANCH_=nvvm
 
 
 def test_the_dry_run_is_split_into_host_half_device_half_and_the_rest():
-    env, (host, device, rest) = nvcc_split.steps(DRY)
+    env, (host, device, rest) = nvcc_split.steps(DRY.replace("#$ ptxas", "a line of nvcc's own\n#$ ptxas"))
     assert env == {"_NVVM_BRANCH_": "nvvm", "CICC_PATH": "/cuda/nvvm/bin"}     # quoted values are not taken
     assert [c.split()[0] for c in host] == ["gcc", "cudafe++"]
     assert [c.split()[0] for c in device] == ["gcc", '"$CICC_PATH/cicc"', "ptxas", "fatbinary", "rm"]
     assert [c.split()[0] for c in rest] == ["gcc", "g++"]
+    _, (_, _, rest) = nvcc_split.steps(DRY.replace('#$ g++ -shared "/t/x-11_k.o" -o "k.so"\n', ""))
+    assert [c.split()[0] for c in rest] == ["gcc"]                       # 8 steps: the least there can be
 
 
 @pytest.mark.parametrize("change", [
@@ -43,6 +45,10 @@ def test_the_dry_run_is_split_into_host_half_device_half_and_the_rest():
     lambda d: d.replace("-D__CUDA_ARCH__=900 ", ""),                       # the second preprocessing is not the device's
     lambda d: "\n".join(d.splitlines()[:8]),                               # too few steps
     lambda d: d.replace("#$ ", "## "),                                     # not a dry run at all
+    lambda d: d.replace('cicc" --c++17 --module_id_file_name "/t/x-4_k.module_id"', 'cicc" --c++17'),  # no id read
+    lambda d: d.replace('$CICC_PATH/cicc"', '$CICC_PATH/nvvm-other"'),     # not cicc
+    lambda d: d.replace('#$ g++ -shared "/t/x-11_k.o" -o "k.so"\n', "").replace(
+        '#$ gcc -std=c++17 -c -x c++ "/t/x-6_k.cudafe1.cpp" -o "/t/x-11_k.o"\n', ""),   # 7 steps: no rest
 ])
 def test_a_dry_run_of_another_shape_means_plain_nvcc(change):
     assert nvcc_split.steps(change(DRY)) is None
@@ -52,6 +58,7 @@ def test_the_module_id_has_nvccs_format():
     mid = nvcc_split.module_id("/tmp/mk3/k.cu", "int x;\n")
     assert re.fullmatch(r"_3f1cb780_4_k_cu_[0-9a-f]{8}", mid), mid      # crc32 of the path, as nvcc writes it
     assert mid != nvcc_split.module_id("/tmp/mk3/k.cu", "int y;\n")
+    assert nvcc_split.module_id("/t/Kernel-1.cu", "").split("_")[3:6] == ["Kernel", "1", "cu"]
 
 
 @pytest.mark.nvcc
@@ -123,3 +130,49 @@ def test_builds_split_only_where_a_core_is_free(monkeypatch, tmp_path, cpus, uni
     monkeypatch.setattr(build, "build_one", lambda unit, s: seen.append(s) or tmp_path / unit.name)
     build.build_all([build.Unit(f"k{i}", f"// {i}\n", heavy) for i, heavy in enumerate(units)], quiet=True)
     assert set(seen) == {split}
+
+
+SPLIT_FAILS = """#!{python}
+import os, sys
+if "--version" in sys.argv:
+    print("Cuda compilation tools, release 13.0, V13.0.88"); sys.exit(0)
+tmp = os.environ["TMPDIR"]
+if "-dryrun" in sys.argv:     # the expected shape, with steps that fail
+    steps = ["gcc -E -x c++ /no/such.cu -o x.ii" + (" || (echo 'Stages set to value 2 or more' >&2; exit 1)"
+                                                     if os.environ.get("FAKE_STAGES") else ""),
+             f'cudafe++ --gen_module_id_file --module_id_file_name "{{tmp}}/m.id" x.ii',
+             "gcc -D__CUDA_ARCH__=900 -E -x c++ /no/such.cu",
+             f'"$CICC_PATH/cicc" --module_id_file_name "{{tmp}}/m.id" x', "ptxas x", "fatbinary x", "rm x", "gcc -c x",
+             "g++ x"]
+    print("\\n".join("#$ " + s for s in ["CICC_PATH=/no/such/dir"] + steps), file=sys.stderr)
+    sys.exit(0)
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write(os.environ.get("FAKE_SAY", "plain") + "\\n")
+if os.environ.get("FAKE_SAY") == "stages":
+    print("error: static assertion failed with \\"Stages set to value 2 or more\\"", file=sys.stderr); sys.exit(1)
+out = sys.argv[sys.argv.index("-o") + 1]
+open(out, "wb").write(open(os.environ["FAKE_SO"], "rb").read())
+"""
+
+
+def test_a_failed_split_build_is_redone_by_plain_nvcc(tmp_path, monkeypatch):
+    """Whatever goes wrong in the halves, plain nvcc builds it (and its log is the one reported)."""
+    import stat
+    import sys
+    from .test_cache import tiny_elf
+    exe = tmp_path / "nvcc"
+    exe.write_text(SPLIT_FAILS.format(python=sys.executable))
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "fake.so").write_bytes(tiny_elf())
+    log = tmp_path / "log"
+    for k, v in {"EPIC_NVCC": str(exe), "FAKE_SO": str(tmp_path / "fake.so"), "FAKE_LOG": str(log),
+                 "EPIC_CACHE_DIR": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(k, v)
+    build.nvcc_version.cache_clear()
+    monkeypatch.setattr(build.os, "cpu_count", lambda: 2)
+    path = build.build_all([build.Unit("k", "// a kernel\n")], jobs=1, quiet=True)[0]
+    assert "plain nvcc" in (path.parent / "build.txt").read_text() and log.read_text() == "plain\n"
+    monkeypatch.setenv("FAKE_STAGES", "1")       # but a shared-memory refusal (E217) is not built twice
+    with pytest.raises(build.EpicError) as info:
+        build.build_all([build.Unit("k2", "// another kernel\n")], jobs=1, quiet=True)
+    assert info.value.codes == ["E217"] and log.read_text() == "plain\n"

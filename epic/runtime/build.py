@@ -33,6 +33,7 @@ from ..diagnostics import Diagnostic, EpicError
 from . import cache, nvcc_split
 from .cache import cache_dir  # noqa: F401  (public: build.cache_dir)
 
+_STAGES = "Stages set to value 2 or more"     # CUTLASS's static_assert when the mainloop gets < 2 stages (E217)
 CODEGEN_VERSION = "1"     # bump when generated code changes meaning without changing its text
 BASE_FLAGS = ["-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
               "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC",
@@ -212,9 +213,11 @@ def _compile(unit: Unit, exe: str, target: Path, timeout: float, split: bool = T
         r = None
         if split and unit.uses_cutlass and envflags.enabled("EPIC_NVCC_SPLIT", default=True):
             r = nvcc_split.build(cmd, env, timeout, _run, str(src), unit.source)   # None: another nvcc
+            if r is not None and r.returncode != 0 and _STAGES not in r.stdout + r.stderr:
+                r = None                        # whatever failed, plain nvcc has the last word (and the log)
         how = "host and device halves in parallel" if r is not None else "plain nvcc"
         if r is None:
-            r = _run(cmd, timeout, env=env)
+            r = _run(cmd, max(1.0, timeout - (time.time() - t0)), env=env)
         if r.returncode < 0:
             raise EpicError(Diagnostic("E705", f"nvcc was killed by signal {-r.returncode} while building "
                                        f"'{unit.name}'", None, "out of memory? build fewer kernels at a time (-j)"))
@@ -222,7 +225,7 @@ def _compile(unit: Unit, exe: str, target: Path, timeout: float, split: bool = T
             keep_src = True
             log = target.with_suffix(".log")
             log.write_text(" ".join(cmd) + "\n\n" + r.stdout + r.stderr)
-            if "Stages set to value 2 or more" in r.stdout + r.stderr:
+            if _STAGES in r.stdout + r.stderr:
                 raise EpicError(Diagnostic(
                     "E217", f"kernel '{unit.name}': the epilogue's shared memory leaves the mainloop fewer than "
                     "2 pipeline stages", None, "choose a smaller tile or epilogue tile (with tile=..., epi_tile=...)"))

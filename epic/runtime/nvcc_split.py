@@ -41,7 +41,7 @@ def steps(dryrun_stderr: str) -> tuple[dict, list[list[str]]] | None:
         return None
     host, device, rest = commands[0:2], commands[2:7], commands[7:]
     shape = [(" -E " in f" {host[0]} ",), (host[1].startswith("cudafe++ "), "--gen_module_id_file " in host[1]),
-             (" -E " in f" {device[0]} ", "-D__CUDA_ARCH__" in device[0]), ("cicc" in device[1].split()[0],),
+             (" -E " in f" {device[0]} ", "-D__CUDA_ARCH__" in device[0]), (device[1].split()[0].strip('"').rsplit("/", 1)[-1] == "cicc",),
              (device[2].startswith("ptxas "),), (device[3].startswith("fatbinary "),), (device[4].startswith("rm "),)]
     ids = {_MODULE_ID.search(c).group(1) if _MODULE_ID.search(c) else None for c in (host[1], device[1])}
     if not all(all(s) for s in shape) or len(ids) != 1 or None in ids:
@@ -68,7 +68,10 @@ def build(cmd: list[str], env: dict, timeout: float, run, source_path: str, sour
         return None
     extra, (host, device, rest) = parsed
     host = [host[0], host[1].replace("--gen_module_id_file ", "", 1)]     # it reads the id written here
-    Path(_MODULE_ID.search(host[1]).group(1)).write_text(the_id or module_id(source_path, source))
+    try:
+        Path(_MODULE_ID.search(host[1]).group(1)).write_text(the_id or module_id(source_path, source))
+    except OSError:                           # not in nvcc's temporary directory after all: plain nvcc
+        return None
     run_env = {**env, **extra}
 
     def half(commands: list[str]) -> subprocess.CompletedProcess:
