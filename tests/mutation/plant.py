@@ -4,6 +4,7 @@ import), mutmut's switch comes too late, so its mutants "survive" untested. This
 mutant's diff (`mutmut show`, run in MUTMUT_DIR) to a fresh copy of the source and runs the tests.
 
   tests/mutation/plant.py MUTMUT_DIR TESTS... -- NAME...
+  PLANT_MARKERS="not gpu" tests/mutation/plant.py ...     # with the nvcc tests (mutmut's runs leave them out)
 
 Prints one line per mutant: killed (a test failed) or SURVIVED.
 """
@@ -28,8 +29,9 @@ def main() -> int:
             if not _apply(work, diff):
                 print(f"{name}: the diff does not apply")
                 continue
+            markers = os.environ.get("PLANT_MARKERS", "not nvcc and not gpu")   # "not gpu": nvcc tests too
             r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m",
-                                "not nvcc and not gpu", *tests], cwd=work, capture_output=True, text=True)
+                                markers, *tests], cwd=work, capture_output=True, text=True)
             killed = r.returncode != 0
             survived += not killed
             print(f"{name}: {'killed' if killed else 'SURVIVED'}")
