@@ -132,47 +132,107 @@ def test_builds_split_only_where_a_core_is_free(monkeypatch, tmp_path, cpus, uni
     assert set(seen) == {split}
 
 
-SPLIT_FAILS = """#!{python}
+SPLIT_FAILS = r"""#!{python}
 import os, sys
 if "--version" in sys.argv:
     print("Cuda compilation tools, release 13.0, V13.0.88"); sys.exit(0)
 tmp = os.environ["TMPDIR"]
-if "-dryrun" in sys.argv:     # the expected shape, with steps that fail
-    steps = ["gcc -E -x c++ /no/such.cu -o x.ii" + (" || (echo 'Stages set to value 2 or more' >&2; exit 1)"
-                                                     if os.environ.get("FAKE_STAGES") else ""),
+if "-dryrun" in sys.argv:     # the expected shape; the tools are stubs, FAKE_FAIL says which step fails
+    steps = ["stub -E host" + (" || (echo 'Stages set to value 2 or more' >&2; exit 1)"
+                               if os.environ.get("FAKE_STAGES") else ""),
              f'cudafe++ --gen_module_id_file --module_id_file_name "{{tmp}}/m.id" x.ii',
-             "gcc -D__CUDA_ARCH__=900 -E -x c++ /no/such.cu",
-             f'"$CICC_PATH/cicc" --module_id_file_name "{{tmp}}/m.id" x', "ptxas x", "fatbinary x", "rm x", "gcc -c x",
-             "g++ x"]
-    print("\\n".join("#$ " + s for s in ["CICC_PATH=/no/such/dir"] + steps), file=sys.stderr)
+             "stub -D__CUDA_ARCH__=900 -E device",
+             f'"$CICC_PATH/cicc" --module_id_file_name "{{tmp}}/m.id" x', "ptxas x", "fatbinary x", "rm x",
+             "stub -c rest", "stub link"]
+    env = [f"PATH={{os.environ['FAKE_BIN']}}:/usr/bin:/bin", f"CICC_PATH={{os.environ['FAKE_BIN']}}"]
+    print("\n".join("#$ " + s for s in env + steps), file=sys.stderr)
     sys.exit(0)
 with open(os.environ["FAKE_LOG"], "a") as f:
-    f.write(os.environ.get("FAKE_SAY", "plain") + "\\n")
-if os.environ.get("FAKE_SAY") == "stages":
-    print("error: static assertion failed with \\"Stages set to value 2 or more\\"", file=sys.stderr); sys.exit(1)
+    f.write("plain\n")
 out = sys.argv[sys.argv.index("-o") + 1]
 open(out, "wb").write(open(os.environ["FAKE_SO"], "rb").read())
 """
+# the tools a fake dry run calls: each fails where FAKE_FAIL names its step
+STUBS = {"stub": 'case "$*" in *host*|*device*) [ "$FAKE_FAIL" != halves ];; *rest*) [ "$FAKE_FAIL" != rest ];; esac',
+         "cudafe++": "true", "cicc": '[ "$FAKE_FAIL" != device ]', "ptxas": "true", "fatbinary": "true"}
 
 
-def test_a_failed_split_build_is_redone_by_plain_nvcc(tmp_path, monkeypatch):
-    """Whatever goes wrong in the halves, plain nvcc builds it (and its log is the one reported)."""
+@pytest.mark.parametrize("fail", ["halves", "device", "rest"])
+def test_a_failed_split_build_is_redone_by_plain_nvcc(tmp_path, monkeypatch, fail):
+    """Whatever fails in a split build (both halves, one of them, or the last steps), plain nvcc builds
+    it (and its log would be the one reported)."""
     import stat
     import sys
     from .test_cache import tiny_elf
     exe = tmp_path / "nvcc"
     exe.write_text(SPLIT_FAILS.format(python=sys.executable))
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in STUBS.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body + "\n")
+        (bin_dir / name).chmod(0o755)
     (tmp_path / "fake.so").write_bytes(tiny_elf())
     log = tmp_path / "log"
     for k, v in {"EPIC_NVCC": str(exe), "FAKE_SO": str(tmp_path / "fake.so"), "FAKE_LOG": str(log),
-                 "EPIC_CACHE_DIR": str(tmp_path / "cache")}.items():
+                 "EPIC_CACHE_DIR": str(tmp_path / "cache"), "FAKE_BIN": str(bin_dir), "FAKE_FAIL": fail}.items():
         monkeypatch.setenv(k, v)
     build.nvcc_version.cache_clear()
     monkeypatch.setattr(build.os, "cpu_count", lambda: 2)
     path = build.build_all([build.Unit("k", "// a kernel\n")], jobs=1, quiet=True)[0]
     assert "plain nvcc" in (path.parent / "build.txt").read_text() and log.read_text() == "plain\n"
+    monkeypatch.setenv("FAKE_FAIL", "halves")
     monkeypatch.setenv("FAKE_STAGES", "1")       # but a shared-memory refusal (E217) is not built twice
     with pytest.raises(build.EpicError) as info:
         build.build_all([build.Unit("k2", "// another kernel\n")], jobs=1, quiet=True)
     assert info.value.codes == ["E217"] and log.read_text() == "plain\n"
+
+
+def test_with_every_step_passing_the_split_build_is_used(tmp_path, monkeypatch):
+    """The control for the test above: the stubs pass, so the split build's (empty) output stands, and
+    the cache refuses it (E705: not a library), with plain nvcc never called."""
+    import stat
+    import sys
+    exe = tmp_path / "nvcc"
+    exe.write_text(SPLIT_FAILS.format(python=sys.executable))
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in STUBS.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body + "\n")
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "log"
+    log.write_text("")
+    for k, v in {"EPIC_NVCC": str(exe), "FAKE_LOG": str(log), "EPIC_CACHE_DIR": str(tmp_path / "cache"),
+                 "FAKE_BIN": str(bin_dir), "FAKE_FAIL": "none"}.items():
+        monkeypatch.setenv(k, v)
+    build.nvcc_version.cache_clear()
+    monkeypatch.setattr(build.os, "cpu_count", lambda: 2)
+    with pytest.raises(build.EpicError) as info:
+        build.build_all([build.Unit("k", "// a kernel\n")], jobs=1, quiet=True)
+    assert info.value.codes == ["E705"] and log.read_text() == ""
+
+
+@pytest.mark.nvcc
+def test_both_halves_use_the_module_id_epic_writes(tmp_path):
+    """An internal-linkage device variable is named after the module id on both sides: the host's
+    registration and the device code must carry the same one (epic's, not one cudafe++ generates)."""
+    if not shutil.which("nvcc") or not shutil.which("objcopy"):
+        pytest.skip("nvcc or objcopy not installed")
+    source = ("namespace { __device__ int counter; }\n"
+              "__global__ void k(int* p) { *p = counter; }\n"
+              'extern "C" void launch(int* p) { k<<<1, 1>>>(p); }\n')
+    src = tmp_path / "k.cu"
+    src.write_text(source)
+    tmp = tmp_path / "t"
+    tmp.mkdir()
+    exe = build.nvcc_path()
+    cmd = [exe, *build.BASE_FLAGS, str(src), "-o", str(tmp_path / "k.so")]
+    r = nvcc_split.build(cmd, dict(build.os.environ, TMPDIR=str(tmp)), 300, build._run, str(src), source)
+    assert r is not None and r.returncode == 0, r and r.stderr
+    the_id = nvcc_split.module_id(str(src), source)[1:]          # mangled names drop the leading "_"
+    subprocess.run(["objcopy", "-O", "binary", "--only-section=.nv_fatbin", str(tmp_path / "k.so"),
+                    str(tmp_path / "fb")], check=True)
+    assert the_id.encode() in (tmp_path / "fb").read_bytes()      # the device code
+    host = (tmp_path / "k.so").read_bytes().replace((tmp_path / "fb").read_bytes(), b"")
+    assert the_id.encode() in host                                # the host's registration
