@@ -157,10 +157,8 @@ STUBS = {"stub": 'case "$*" in *host*|*device*) [ "$FAKE_FAIL" != halves ];; *re
          "cudafe++": "true", "cicc": '[ "$FAKE_FAIL" != device ]', "ptxas": "true", "fatbinary": "true"}
 
 
-@pytest.mark.parametrize("fail", ["halves", "device", "rest"])
-def test_a_failed_split_build_is_redone_by_plain_nvcc(tmp_path, monkeypatch, fail):
-    """Whatever fails in a split build (both halves, one of them, or the last steps), plain nvcc builds
-    it (and its log would be the one reported)."""
+def fake_split_nvcc(tmp_path, monkeypatch, fail: str):
+    """SPLIT_FAILS as EPIC_NVCC, its stub tools, a library for its plain run; returns its call log."""
     import stat
     import sys
     from .test_cache import tiny_elf
@@ -174,11 +172,20 @@ def test_a_failed_split_build_is_redone_by_plain_nvcc(tmp_path, monkeypatch, fai
         (bin_dir / name).chmod(0o755)
     (tmp_path / "fake.so").write_bytes(tiny_elf())
     log = tmp_path / "log"
+    log.write_text("")
     for k, v in {"EPIC_NVCC": str(exe), "FAKE_SO": str(tmp_path / "fake.so"), "FAKE_LOG": str(log),
                  "EPIC_CACHE_DIR": str(tmp_path / "cache"), "FAKE_BIN": str(bin_dir), "FAKE_FAIL": fail}.items():
         monkeypatch.setenv(k, v)
     build.nvcc_version.cache_clear()
     monkeypatch.setattr(build.os, "cpu_count", lambda: 2)
+    return log
+
+
+@pytest.mark.parametrize("fail", ["halves", "device", "rest"])
+def test_a_failed_split_build_is_redone_by_plain_nvcc(tmp_path, monkeypatch, fail):
+    """Whatever fails in a split build (both halves, one of them, or the last steps), plain nvcc builds
+    it (and its log would be the one reported)."""
+    log = fake_split_nvcc(tmp_path, monkeypatch, fail)
     path = build.build_all([build.Unit("k", "// a kernel\n")], jobs=1, quiet=True)[0]
     assert "plain nvcc" in (path.parent / "build.txt").read_text() and log.read_text() == "plain\n"
     monkeypatch.setenv("FAKE_FAIL", "halves")
@@ -191,23 +198,7 @@ def test_a_failed_split_build_is_redone_by_plain_nvcc(tmp_path, monkeypatch, fai
 def test_with_every_step_passing_the_split_build_is_used(tmp_path, monkeypatch):
     """The control for the test above: the stubs pass, so the split build's (empty) output stands, and
     the cache refuses it (E705: not a library), with plain nvcc never called."""
-    import stat
-    import sys
-    exe = tmp_path / "nvcc"
-    exe.write_text(SPLIT_FAILS.format(python=sys.executable))
-    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, body in STUBS.items():
-        (bin_dir / name).write_text("#!/bin/sh\n" + body + "\n")
-        (bin_dir / name).chmod(0o755)
-    log = tmp_path / "log"
-    log.write_text("")
-    for k, v in {"EPIC_NVCC": str(exe), "FAKE_LOG": str(log), "EPIC_CACHE_DIR": str(tmp_path / "cache"),
-                 "FAKE_BIN": str(bin_dir), "FAKE_FAIL": "none"}.items():
-        monkeypatch.setenv(k, v)
-    build.nvcc_version.cache_clear()
-    monkeypatch.setattr(build.os, "cpu_count", lambda: 2)
+    log = fake_split_nvcc(tmp_path, monkeypatch, "none")
     with pytest.raises(build.EpicError) as info:
         build.build_all([build.Unit("k", "// a kernel\n")], jobs=1, quiet=True)
     assert info.value.codes == ["E705"] and log.read_text() == ""

@@ -37,7 +37,6 @@ class Captured:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.outputs: dict[str, torch.Tensor] = program(keep=keep, **args)
-        self.device = device
 
     def __call__(self, **args) -> dict[str, torch.Tensor]:
         """Copy the given tensors into the recorded inputs, replay, return the recorded outputs."""
