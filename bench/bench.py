@@ -200,6 +200,25 @@ WORK = {
 }
 
 
+# Each workload's sizes at M = m, as its program names them: what bench/prebuild.py builds for (the
+# heuristic's tile width depends on each gemm's N).
+DIMS = {
+    "resid_norm": lambda m: dict(M=m, D=D),
+    "bias_gelu": lambda m: dict(M=m, K=D, N=DFF),
+    "rope": lambda m: dict(M=m, D=D, N=DQKV),
+    "qk_norm": lambda m: dict(M=m, D=D, H=D // 128, Dh=128),
+    "prenorm_half": lambda m: dict(M=m, D=D, F=DFF),
+    "swiglu": lambda m: dict(M=m, D=D, F=DFF),
+    "xent": lambda m: dict(M=m, D=D, V=VOCAB),
+    "fp8_quant": lambda m: dict(M=m, D=D, N=D),
+    "prenorm_mlp": lambda m: dict(M=m, D=D, F=DFF),
+    "plain": lambda m: dict(M=m, K=D, N=D),
+    "plain_qkv": lambda m: dict(M=m, K=D, N=DQKV),
+    "plain_ffn": lambda m: dict(M=m, K=D, N=DFF),
+    "plain_gate_up": lambda m: dict(M=m, K=D, N=2 * DFF),
+}
+
+
 def parse_config(key: str) -> dict:
     """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4]' -> {'schedule': 'cooperative', 'tile':
     (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler swizzle, raster (m or n)

@@ -12,7 +12,7 @@ from epic.diagnostics import EpicError  # noqa: E402
 from epic.runtime import build  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import ROOT, WORK, parse_config  # noqa: E402
+from bench import DIMS, ROOT, WORK, parse_config  # noqa: E402
 
 
 def main() -> int:
@@ -30,7 +30,7 @@ def main() -> int:
             for cfg in variants:
                 overrides = {g: cfg for g in gemms} if cfg else None
                 try:
-                    configs = emit.kernel_configs(prog.program, m, overrides)
+                    configs = emit.kernel_configs(prog.program, m, overrides, DIMS[name](m))
                 except EpicError as e:         # a configuration this program cannot take (bench.py records why)
                     print(f"skipped {name} M={m} {cfg}: {str(e).splitlines()[0]}")
                     continue

@@ -46,11 +46,13 @@ PROGRAMS = {
     "samples/f16_accumulate.epi": lambda m, n, k: dict(M=m, K=k, N=n),
 }
 # (M, N, K): tile multiples, then ragged (M = 1, 77, 8191; N, K not multiples of 128). M <= 256 gets
-# the pingpong 64x64 configuration, larger M the cooperative 128x256 one.
-SIZES = [(128, 256, 128), (256, 512, 256), (1, 392, 200), (77, 392, 200), (8191, 392, 200), (300, 264, 136)]
+# the pingpong 64x64 configuration, larger M pingpong 128x128 cluster 2x1, and 128x192 where N is a
+# multiple of 192 (N = 576: 333 x 576 runs the wide tile wherever the program's blocks allow it).
+SIZES = [(128, 256, 128), (256, 512, 256), (1, 392, 200), (77, 392, 200), (8191, 392, 200), (300, 264, 136),
+         (333, 576, 136)]
 # Split-K: every gemm of every program split 3 ways (K = 200: 4 k-tiles split unevenly, 2 + 1 + 1) at a
 # decode size (cooperative 128-row tiles, cluster 1x1); programs with row statistics, block stores and
-# chains also at a large size (cooperative 128x256, cluster 2x1).
+# chains also at a large size (cooperative 128x128, cluster 2x1: the heuristic's tile, cooperative for split-K).
 SPLIT_K = {"splits": 3}
 SPLIT_CASES = [(name, (77, 392, 200)) for name in PROGRAMS] + \
     [(name, (8191, 392, 200)) for name in ("samples/residual_rmsnorm.epi", "samples/fp8_block_quant.epi",

@@ -215,7 +215,7 @@ def test_compile_command_writes_sources(tmp_path, capsys):
     from epic_cli.main import main
     assert main(["compile", str(ROOT / "samples" / "residual_rmsnorm.epi"), "-o", str(tmp_path)]) == 0
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == ["residual_rmsnorm.o_proj.coop_128x256x64_c2x1.cu", "residual_rmsnorm.o_proj__row_combine.cu"]
+    assert files == ["residual_rmsnorm.o_proj.ping_128x128x64_c2x1.cu", "residual_rmsnorm.o_proj__row_combine.cu"]
 
 
 # ---------------------------------------------------------------- the build cache, with a fake nvcc
@@ -285,7 +285,7 @@ def test_build_and_compile_commands(fake_nvcc, tmp_path, capsys):
     assert fake_nvcc.read_text().count("called") == 2
     assert main(["compile", sample, "-o", str(tmp_path / "out"), "--build"]) == 0
     out = capsys.readouterr().out
-    assert "coop_128x256x64_c2x1.so" in out and (tmp_path / "out").is_dir()
+    assert "ping_128x128x64_c2x1.so" in out and (tmp_path / "out").is_dir()
     assert fake_nvcc.read_text().count("called") == 3      # the combine kernel came from the cache
 
 

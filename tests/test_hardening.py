@@ -602,6 +602,21 @@ def test_a_block_wider_than_the_files_tile_fails_epic_check():
     assert (e.diagnostics[0].span.line, e.diagnostics[0].span.column) == (line, column)
 
 
+def test_a_block_wider_than_the_epilogue_subtile_is_e404_in_the_file_and_in_a_call(tmp_path):
+    body = "  s = $block_max(abs(acc), 128)\n  out q: e4m3 = acc / s\n}\n"
+    text, line, column = marked("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile=64x128x64, epi_tile=64x64 {\n" + body)
+    e = refused(pipeline.analyze, text, name="t.epi", codes=["E404"])
+    assert (e.diagnostics[0].span.line, e.diagnostics[0].span.column) == (line, column)
+    assert "epilogue tile width 64" in str(e) and "epi_tile" in e.diagnostics[0].hint
+    a = pipeline.analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n" + body.replace("$", ""), name="t.epi")
+    for epi in ((64, 64), (64, 32)):    # the call's configuration: refused when planned, before nvcc
+        e = refused(planner.make_plan, a.program, {"M": 64, "K": 256, "N": 1024}, {"g": {"epi_tile": epi}},
+                    codes=["E404"])
+        assert f"epilogue tile width {epi[1]}" in str(e)
+    plan = planner.make_plan(a.program, {"M": 64, "K": 256, "N": 1024}, {"g": {"epi_tile": (64, 128)}})
+    assert plan.configs["g"].epi_tile == (64, 128)
+
+
 # ======================================================================== 5. arguments
 PARAMS = {"rmsnorm": ["h", "gamma", "eps"], "clamp": ["x", "lo", "hi"], "f": ["a", "b", "c"]}
 ARG_VALUES = {"h": "acc", "gamma": "gamma", "eps": "1e-6", "x": "acc", "lo": "-1", "hi": "1", "a": "acc", "b": "2",

@@ -1,9 +1,9 @@
 """Generated kernels executed on the CPU (tests/hostsim) against the reference interpreter.
 
 Every sample and tests/programs/*.epi that code generation supports today (E702 skips, with the
-reason), under both configurations the heuristic picks (small M: pingpong 64x64x64; large M:
-cooperative 128x256x64, cluster 2x1), at ragged sizes (M = 1, 77, 300 with N, K not multiples of
-the tile) and one multiple of the tile, and once more with extra tiles loaded straight to registers
+reason), under both configurations the heuristic picks (small M: pingpong 64x64x64; large M: pingpong
+128x128x64, cluster 2x1, and 128x192 where N is a multiple of 192), at ragged sizes (M = 1, 77, 300
+with N, K not multiples of the tile) and one multiple of the tile, and once more with extra tiles loaded straight to registers
 (aux_load=direct, where a program loads any), on fresh random inputs (the seed is in every failure
 message). Per case: the C ABI checked by roles, every buffer poisoned and checked to be written,
 every output, intermediate and per-tile partial compared with the reference, kernel by kernel.
@@ -26,7 +26,9 @@ PROGRAMS = [str(p.relative_to(ROOT)) for p in [*SAMPLES, *sorted((ROOT / "tests"
 CONFIGS = {"small_m": (64, {}), "large_m": (8192, {}),
            "large_m_direct": (8192, {"aux_load": "direct"})}     # extra tiles loaded straight to registers
 SHAPES = [(1, 392, 200), (77, 392, 200), (300, 392, 200), (256, 512, 256)]   # (M, N, K); the last: tile multiples
-CASES = [(config, shape) for config in ("small_m", "large_m") for shape in SHAPES] + [("large_m_direct", SHAPES[1])]
+WIDE = (300, 576, 136)      # N a multiple of 192: large M takes 128x192 tiles where the blocks allow
+CASES = [(config, shape) for config in ("small_m", "large_m") for shape in SHAPES] + \
+    [("large_m", WIDE), ("large_m_direct", SHAPES[1])]
 
 
 def sizes_for(program, m: int, n: int, k: int) -> dict[str, int]:
@@ -86,6 +88,8 @@ def host_kernels():
                 continue
             if config != "large_m_direct" or loads_tiles_directly(case):
                 sources += case.sources
+            if config == "large_m":
+                sources += prepare(name, config, WIDE).sources
     hostsim.compiler.prebuild(sources)
     return unsupported
 

@@ -69,7 +69,15 @@ def test_ledger_render_has_totals():
 
 def test_heuristic_and_overrides():
     assert config.heuristic(64).schedule == "pingpong"
-    assert config.heuristic(8192).tile == (128, 256, 64)
+    large = config.heuristic(8192)
+    assert (large.schedule, large.tile, large.cluster, large.swizzle) == ("pingpong", (128, 128, 64), (2, 1), 8)
+    # 192 wide where N is a multiple of 192 or over 16384 (the H200 measurements in config.py)
+    for n, width in ((4096, 128), (6144, 192), (14336, 128), (16384, 128), (16385, 192), (28672, 192),
+                     (128256, 192), (None, 128)):
+        assert config.heuristic(8192, n=n).tile == (128, width, 64), n
+    assert config.heuristic(8192, {128}, n=28672).tile == (128, 128, 64)   # a block of 128 narrows it
+    assert config.heuristic(8192, {64}, n=28672).tile == (128, 192, 64)
+    assert config.heuristic(256, n=28672).tile == (64, 64, 64)             # small M keeps its tiles
     prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile=128x128x64, schedule=cooperative {\n"
                    "  out y: bf16 = acc\n}\n").program
     plan = planner.make_plan(prog, dict(M=64, K=64, N=64))

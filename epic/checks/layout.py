@@ -145,6 +145,7 @@ def _width_changes(k: GemmKernel) -> list[Diagnostic]:
 def _block_sizes(k: GemmKernel) -> list[Diagnostic]:
     out = []
     tile = k.options.get("tile")     # fixed in the file: a block must divide its width
+    epi = k.options.get("epi_tile")  # and the epilogue subtile's: a block is reduced within one subtile
     for v in k.values:
         if P.family(v.op) is P.Family.BLOCK:
             b = v.attrs["block"]
@@ -156,6 +157,11 @@ def _block_sizes(k: GemmKernel) -> list[Diagnostic]:
                 out.append(Diagnostic("E404", f"block size {b} does not divide the tile width {tile[1]} of gemm "
                                       f"'{k.name}' (with tile={'x'.join(map(str, tile))})", v.span,
                                       f"pick a tile width that is a multiple of {b}, or a smaller block"))
+            elif epi and epi[1] % b:
+                out.append(Diagnostic("E404", f"block size {b} does not divide the epilogue tile width {epi[1]} of "
+                                      f"gemm '{k.name}' (with epi_tile={'x'.join(map(str, epi))}): a block must sit "
+                                      "in one epilogue subtile", v.span,
+                                      f"pick an epilogue tile width that is a multiple of {b}, or leave epi_tile out"))
     return out
 
 

@@ -81,8 +81,13 @@ def render_combine(spec: combine.CombineSpec) -> str:
         info=_info(spec, "combine"))
 
 
-def kernel_configs(program: Program, m: int, overrides: dict | None = None) -> dict[str, config_mod.KernelConfig]:
-    return {k.name: config_mod.choose(k, m, (overrides or {}).get(k.name), program.tensors)
+def kernel_configs(program: Program, m: int, overrides: dict | None = None,
+                   sizes: dict | None = None) -> dict[str, config_mod.KernelConfig]:
+    """Each gemm's configuration at M = m; sizes (all of the program's, where known) give each gemm's N,
+    on which the heuristic's tile width depends."""
+    from .. import sizes as sizes_mod
+    return {k.name: config_mod.choose(k, m, (overrides or {}).get(k.name), program.tensors,
+                                      sizes_mod.evaluate(k.n, sizes) if sizes else None)
             for k in program.kernels if k.kind == "gemm"}
 
 
@@ -115,7 +120,7 @@ def write_sources(program: Program, out_dir: str, sizes: dict | None = None) -> 
     stem = cxx.identifier(Path(program.name).stem) if program.name != "<string>" else "program"
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-    for _, unit in units(program, kernel_configs(program, m)):
+    for _, unit in units(program, kernel_configs(program, m, sizes=sizes)):
         path = os.path.join(out_dir, f"{stem}.{unit.name}.cu")
         with open(path, "w") as f:
             f.write(unit.source)

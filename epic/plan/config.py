@@ -1,12 +1,13 @@
 """Kernel configuration (tile, cluster, schedule) of each gemm: a documented heuristic by size,
 overridable in the file (`gemm g(...) with tile=128x128x64, schedule=pingpong`) and per call.
 
-Heuristic (measured on the H200 with bench/bench.py; numbers in docs/PERFORMANCE.md):
+Heuristic (measured on the H200 with bench/bench.py and bench/interleaved.py; docs/PERFORMANCE.md):
   M <= 256     pingpong 64x64x64, cluster 1x1      decode: 64x64 tiles put 64 CTAs on N = 4096 where
                                                    64x128 puts 32 (1.25x vs 1.41x cuBLAS for
                                                    resid_norm at M = 64, 1.03x vs 1.17x plain)
-  otherwise    cooperative 128x256x64, cluster 2x1 prefill: best of the sweep for every workload;
-               tile scheduler swizzle 8      (identity epilogue at N = 14336: 1.07x -> 0.99x cuBLAS)
+  otherwise    pingpong 128x128x64, cluster 2x1  prefill: the epilogue of one warp group overlaps
+               (128x192 where N is a multiple    the other's mainloop (LARGE_M, WIDE_N below)
+               of 192 or over 16384), swizzle 8
 The tile width is then narrowed if a 1xB block does not divide it. A file that fixes the tile but
 not the schedule gets a schedule that accepts the tile.
 """
@@ -144,21 +145,29 @@ def fits(kernel, tensors: dict, cfg: KernelConfig) -> bool:
     return epi + 2 * stage <= SMEM_BYTES - SMEM_RESERVE
 
 
-# What large M tries, best first (the sweep in docs/PERFORMANCE.md), until one fits in shared memory.
-LARGE_M = [KernelConfig("cooperative", (128, 256, 64), (2, 1), swizzle=8),
+# What large M tries, best first, until one fits in shared memory. Measured on the H200 with
+# bench/interleaved.py (each round runs every candidate once, milliseconds apart: its control, cuBLAS
+# against itself, reads 1.000 with quartiles within 0.3%; docs/PERFORMANCE.md), ratio to cuBLAS at
+# M = 8192: pingpong 128x128 cluster 2x1 against cooperative 128x256 cluster 2x1 (the default before)
+#   identity epilogue N = 4096 0.990 / 1.011, N = 14336 0.974 / 1.026; bias + GELU 0.992 / 1.098;
+#   RoPE (N = 6144) 0.991 / 1.062; residual + RMSNorm 1.034 / 1.116.
+# Pingpong overlaps one warp group's epilogue with the other's mainloop; the cooperative schedule
+# runs the epilogue after the mainloop on both, where it adds to the time.
+LARGE_M = [KernelConfig("pingpong", (128, 128, 64), (2, 1), swizzle=8),
            KernelConfig("cooperative", (128, 128, 64), (2, 1), swizzle=8),
            KernelConfig("cooperative", (128, 64, 64), (2, 1), swizzle=8),
            KernelConfig("pingpong", (64, 64, 64), (1, 1), swizzle=8)]
 SMALL_M = [KernelConfig("pingpong", (64, 64, 64), (1, 1))]
-# Epilogues with an exponential per element and an online (max, sum) state per row (row_lse: cross
-# entropy) are hidden better by pingpong, whose other warp group keeps multiplying meanwhile: LM head
-# + cross entropy at M = 8192, V = 128256 ran 1.044-1.056x cuBLAS against 1.108-1.126x cooperative
-# 128x256 (bench/results/2026-11-30-h200-bench-configs.json). Swiglu and fp8 quantization did not gain.
-HEAVY_EPILOGUE = [KernelConfig("pingpong", (128, 128, 64), (1, 1), swizzle=8)]
+# Tiles 192 wide where N is a multiple of 192 or very wide, same run, against pingpong 128x128:
+#   N = 6144 identity 0.974 / 0.989, RoPE 0.982 / 0.991; N = 28672 (gate/up) identity 1.001 / 1.284,
+#   SwiGLU 1.002 / 1.259; N = 128256 cross entropy 0.972 / 0.997. Not at N = 4096 (1.160 / 0.990) or
+#   14336 (1.085 / 0.974), where the last column of tiles is a third or two thirds empty.
+WIDE_N = [KernelConfig("pingpong", (128, 192, 64), (2, 1), swizzle=8)]
+WIDE = 16384
 
 
-def _heavy_epilogue(kernel) -> bool:
-    return any(P.family(v.op) is P.Family.PARTIAL and P.reduction(v.attrs["fn"]).state > 1 for v in kernel.values)
+def _wide(n: int | None) -> bool:
+    return n is not None and (n > WIDE or n % 192 == 0)
 
 
 def _with_blocks(cfg: KernelConfig, blocks) -> KernelConfig:
@@ -169,8 +178,10 @@ def _with_blocks(cfg: KernelConfig, blocks) -> KernelConfig:
     return cfg
 
 
-def heuristic(m: int, blocks: set[int] | None = None, kernel=None, tensors: dict | None = None) -> KernelConfig:
-    large = HEAVY_EPILOGUE + LARGE_M if kernel is not None and _heavy_epilogue(kernel) else LARGE_M
+def heuristic(m: int, blocks: set[int] | None = None, kernel=None, tensors: dict | None = None,
+              n: int | None = None) -> KernelConfig:
+    """n: the gemm's N where the sizes are known (None: not a wide one)."""
+    large = WIDE_N + LARGE_M if _wide(n) else LARGE_M
     ladder = [_with_blocks(c, blocks) for c in (SMALL_M if m <= 256 else large)]
     if kernel is not None:
         for cfg in ladder:
@@ -203,10 +214,11 @@ def _block_epilogue(cfg: KernelConfig, blocks) -> KernelConfig:
     return cfg
 
 
-def choose(kernel, m: int, override: dict | None, tensors: dict) -> KernelConfig:
+def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None = None) -> KernelConfig:
     """The configuration of one gemm: call-time override > options in the file > heuristic (the
-    first configuration of its ladder whose shared memory leaves the mainloop 2 stages)."""
-    cfg = heuristic(m, block_sizes(kernel), kernel, tensors)
+    first configuration of its ladder whose shared memory leaves the mainloop 2 stages).
+    n: the gemm's N where the sizes are known (the heuristic takes wide tiles for some)."""
+    cfg = heuristic(m, block_sizes(kernel), kernel, tensors, n)
     tile_fixed = False      # a tile the file or the call chose is kept (a bad combination is E216)
     schedule_fixed = False  # so is a schedule
     for source in (kernel.options, override or {}):
@@ -237,4 +249,8 @@ def choose(kernel, m: int, override: dict | None, tensors: dict) -> KernelConfig
         if cfg.tile_n % b:
             raise error("E404", f"gemm '{kernel.name}': block size {b} does not divide the tile width {cfg.tile_n}",
                         kernel.span, "pick a tile width that is a multiple of the block size")
+        if cfg.epi_tile and cfg.epi_tile[1] % b:     # a block is reduced within one epilogue subtile
+            raise error("E404", f"gemm '{kernel.name}': block size {b} does not divide the epilogue tile width "
+                        f"{cfg.epi_tile[1]}", kernel.span,
+                        f"pick an epilogue tile width that is a multiple of {b}, or leave epi_tile out")
     return cfg

@@ -85,7 +85,8 @@ def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict
     if diags:
         raise EpicError(diags)
     m = sizes_mod.evaluate(next(k.rows for k in program.kernels), sizes)
-    configs = {k.name: config_mod.choose(k, m, (overrides or {}).get(k.name), program.tensors)
+    configs = {k.name: config_mod.choose(k, m, (overrides or {}).get(k.name), program.tensors,
+                                         sizes_mod.evaluate(k.n, sizes))
                for k in program.kernels if k.kind == "gemm"}
     buffers = {t.name: buffer_of(t, sizes, configs) for t in program.tensors.values()}
     steps = []

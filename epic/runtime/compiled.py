@@ -129,7 +129,7 @@ class CompiledProgram:
         """(spec, translation unit) of every kernel for these sizes (default: the large-M configuration);
         raises E702 for what code generation does not support yet."""
         m = emit.rows(self.program, sizes)
-        return emit.units(self.program, emit.kernel_configs(self.program, m, self.config))
+        return emit.units(self.program, emit.kernel_configs(self.program, m, self.config, sizes))
 
     def build(self, sizes: dict[str, int] | None = None, jobs: int | None = None) -> list:
         """Build every kernel for these sizes (default: the large-M configuration); no GPU needed."""

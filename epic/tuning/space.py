@@ -56,7 +56,7 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6) -> list[co
     """Up to `limit` configurations of this gemm, then swizzle 1/8 of the first two: the heuristic's
     first; then one per (schedule, tile), best-ranked first, at the heuristic's cluster where legal;
     then the other clusters of the best tiles (the cost model cannot tell clusters apart)."""
-    first = config_mod.choose(kernel, m, None, tensors)
+    first = config_mod.choose(kernel, m, None, tensors, n)
     groups: dict[tuple, list[config_mod.KernelConfig]] = {}
     for schedule, cluster in itertools.product(vocab.SCHEDULES, CLUSTERS):
         for tile in TILES[schedule]:

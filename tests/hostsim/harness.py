@@ -73,10 +73,11 @@ class Case:
 
 def prepare(path: str, sizes: dict, config_m: int, options: dict | None = None) -> Case:
     """Plan and generated sources of a program at `sizes` with the configuration the heuristic picks
-    for M = config_m, changed by `options` (KernelConfig fields, e.g. aux_load="direct").
-    Raises EpicError E702 when code generation does not support the program."""
+    for M = config_m (and each gemm's N at `sizes`), changed by `options` (KernelConfig fields, e.g.
+    aux_load="direct"). Raises EpicError E702 when code generation does not support the program."""
     prog = compiled(path)
-    configs = {name: replace(c, **(options or {})) for name, c in emit.kernel_configs(prog.program, config_m).items()}
+    configs = {name: replace(c, **(options or {}))
+               for name, c in emit.kernel_configs(prog.program, config_m, None, sizes).items()}
     plan = planner.make_plan(prog.program, sizes, overrides(configs))
     assert plan.configs == configs, (plan.configs, configs)
     pairs = emit.units(prog.program, plan.configs)

@@ -1,0 +1,107 @@
+"""Ratios of epic's kernels to the bare cuBLAS GEMM, timed in interleaved rounds.
+
+bench.py times cuBLAS first and epic afterwards; between back-to-back runs of the same kernels its
+ratios moved by up to 10%, and so did medians of 40 ms blocks of runs taken in turns (the GPU's
+clocks follow its power draw, which changes within a second). Here every round runs each candidate
+once (a CUDA-graph replay after flushing L2, between two CUDA events), in an order that rotates from
+round to round, so that the runs compared are milliseconds apart; a candidate's ratio is the median
+over rounds of its time / cuBLAS's time in the same round, printed with the quartiles of that ratio.
+
+  python bench/interleaved.py --work plain,bias_gelu --rows 8192 \
+      --configs coop_128x256x64_c2x1_s8,coop_256x128x64_c1x2_s8 [--rounds 200] [--out F]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import epic  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench import ROOT, WORK, graphed, parse_config  # noqa: E402
+
+
+def candidates(name: str, m: int, configs: list[str]):
+    """[(label, replay)] for cuBLAS, epic's default configuration and each configuration given."""
+    path, make = WORK[name]
+    gemm, _, inputs = make(m)
+    # the control: cuBLAS again, as a candidate; its ratio shows the method's noise floor
+    out = [("cublas", graphed(gemm)), ("cublas-again", graphed(gemm))]
+    base = epic.compile(os.path.join(ROOT, path))
+    gemms = [k.name for k in base.program.kernels if k.kind == "gemm"]
+    for label in ["default"] + configs:
+        try:
+            prog = base if label == "default" else epic.compile(
+                os.path.join(ROOT, path), {g: parse_config(label) for g in gemms})
+            out.append((label, graphed(lambda p=prog: p(**inputs))))
+        except Exception as e:   # a configuration this program cannot take: say why, time the rest
+            print(f"  {name} M={m} {label}: {str(e).splitlines()[0][:160]}", flush=True)
+    return out
+
+
+def rounds(cands, n: int, batch: int = 10) -> dict[str, list[float]]:
+    """ms per run: n rounds, each running every candidate once; synchronized every `batch` rounds."""
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")    # > L2 (50 MB on the H200)
+    times: dict[str, list[float]] = {label: [] for label, _ in cands}
+    for _, fn in cands:                                                   # warm up
+        fn()
+    for first in range(0, n, batch):
+        marks = []
+        for r in range(first, min(n, first + batch)):
+            for label, fn in cands[r % len(cands):] + cands[:r % len(cands)]:
+                flush.zero_()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                marks.append((label, start, end))
+        torch.cuda.synchronize()
+        for label, start, end in marks:
+            times[label].append(start.elapsed_time(end))
+    return times
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(xs, n=4)
+    return q[0], statistics.median(xs), q[2]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", default="plain")
+    ap.add_argument("--rows", default="8192")
+    ap.add_argument("--configs", default="")
+    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "interleaved.json"))
+    args = ap.parse_args()
+    configs = [c for c in args.configs.split(",") if c]
+    print(torch.__version__, torch.cuda.get_device_name(), time.strftime("%Y-%m-%d"), flush=True)
+    results = []
+    for name in args.work.split(","):
+        for m in (int(r) for r in args.rows.split(",")):
+            times = rounds(candidates(name, m, configs), args.rounds)
+            base = times["cublas"]
+            rec = {"work": name, "M": m, "cublas_ms": statistics.median(base), "ratios": {}}
+            for label, ts in times.items():
+                if label == "cublas":
+                    continue
+                low, mid, high = quartiles([t / b for t, b in zip(ts, base)])
+                rec["ratios"][label] = {"median": mid, "q1": low, "q3": high, "ms": statistics.median(ts)}
+            results.append(rec)
+            line = "  ".join(f"{k}={v['median']:.3f} [{v['q1']:.3f}-{v['q3']:.3f}]" for k, v in rec["ratios"].items())
+            print(f"{name:<14}{m:>6}  cublas {rec['cublas_ms']:.4f} ms  {line}", flush=True)
+            torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump({"command": " ".join(sys.argv), "rounds": args.rounds, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
