@@ -245,23 +245,61 @@ def test_a_candidate_slower_than_the_give_up_time_is_timed_once():
 
 
 def test_the_tuner_gives_up_at_three_times_the_best_so_far(db, monkeypatch):
-    """The default timer gets GIVE_UP x the fastest candidate timed before it, per gemm."""
+    """The default timer gets GIVE_UP x the fastest candidate timed before it, per gemm; the first
+    candidate is timed alone, the others in rounds against it (scaled by its time)."""
     from epic.tuning import measure
     monkeypatch.setenv("EPIC_NO_TUNING", "1")
     sizes = dict(M=8192, D=4096)
-    given, times = [], iter([2.0, 9.0, 1.5, 7.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0])
+    given, alone, references, times = [], [], [], iter([2.0, 9.0, 1.5, 7.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0])
 
     def fake_median(fn, reps=20, warmup=3, give_up_ms=None, timed=None):
         given.append(give_up_ms)
+        alone.append(len(given))
+        return next(times)
+
+    def fake_paired(fn, ref, reference_ms, reps=20, warmup=3, give_up_ms=None, timed=None):
+        given.append(give_up_ms)
+        references.append(reference_ms)
         return next(times)
     monkeypatch.setattr(measure, "median_ms", fake_median)
+    monkeypatch.setattr(measure, "paired_ms", fake_paired)
     monkeypatch.setattr(tuner, "device_inputs", lambda program, sizes, seed=0: {})
     lines = []
     tuner.tune(RESID, sizes, limit=4, database_file=db, gpu="GPU-A", builder=lambda u: None, report=lines.append,
                unfused_timer=lambda u, i: {}, timeout=0)
     assert given[:4] == [None, 6.0, 6.0, 4.5], given
     assert sum("(over 3x the best so far)" in line for line in lines) == 2, lines     # 9.0 > 6.0, 7.0 > 4.5
-    assert tuner.isolated.request("p", {}, {}, 5, give_up_ms=4.5).endswith('"give_up_ms": 4.5}')
+    assert alone == [1] and references and set(references) == {2.0}     # every later one against the first
+    req = json.loads(tuner.isolated.request("p", {}, {}, 5, give_up_ms=4.5, reference={"g": {"tile": (64, 64, 64)}},
+                                            reference_ms=2.0))
+    assert (req["give_up_ms"], req["reference"], req["reference_ms"]) == (4.5, {"g": {"tile": [64, 64, 64]}}, 2.0)
+
+
+def test_a_paired_time_is_the_reference_scaled_by_the_median_ratio_of_rounds():
+    from epic.tuning import measure
+    order = []
+
+    def timed(fn):
+        return fn()
+    clock = iter([10.0, 5.0, 6.0, 12.0, 8.0, 4.0, 100.0, 110.0, 20.0, 10.0])  # drifting clocks, ratios 0.5 0.5 0.5 ...
+
+    def cand():
+        order.append("c")
+        return next(clock) if len(order) > 2 else 0.0
+
+    def ref():
+        order.append("r")
+        return next(clock) if len(order) > 2 else 0.0
+    # warm-up: c r; then rounds alternate: r c, c r, r c, c r, r c
+    got = measure.paired_ms(cand, ref, 3.0, reps=5, warmup=1, timed=timed)
+    assert order == ["c", "r", "r", "c", "c", "r", "r", "c", "c", "r", "r", "c"]
+    # per round (cand / ref): 5/10, 6/12, 4/8, 100/110, 10/20 -> median 0.5
+    assert got == pytest.approx(1.5)
+    clock = iter([1.0, 4.0] + [1.0] * 20)        # the first round at 4x the reference: over 6 ms, stops there
+    order.clear()
+    calls = []
+    assert measure.paired_ms(lambda: calls.append(1) or next(clock), lambda: next(clock), 2.0, reps=9, warmup=0,
+                             give_up_ms=6.0, timed=timed) == 8.0 and len(calls) == 1
 
 
 class FakeGPU:
@@ -382,6 +420,7 @@ def test_the_request_carries_the_candidate():
     from epic.tuning import trial
     req = json.loads(trial.request("samples/x.epi", {"M": 64}, {"g": {"tile": (64, 64, 64), "schedule": "pingpong"}}, 7))
     assert req == {"source": "samples/x.epi", "sizes": {"M": 64}, "reps": 7, "seed": 0, "give_up_ms": None,
+                   "reference": None, "reference_ms": None,
                    "configs": {"g": {"tile": [64, 64, 64], "schedule": "pingpong"}}}
     from epic.frontend import options
     assert options.check_config(req["configs"], {"g": None}) == {"g": {"tile": (64, 64, 64), "schedule": "pingpong"}}

@@ -3,7 +3,12 @@ tuned kernel must not win by finding its operands in L2), CUDA events around the
 median of `reps` runs after `warmup`. A candidate whose first timed run is already slower than
 `give_up_ms` (a multiple of the best time so far: it cannot win) stops there, so that a
 pathological configuration (spills, a degenerate tile grid: 16x cuBLAS was seen) costs one run,
-not `reps`."""
+not `reps`.
+
+Candidates are compared by paired_ms: the GPU's clocks follow its power draw within a second, so
+medians taken one after the other differ by up to 10% for the same kernel, while the ratio of two
+runs milliseconds apart, taken over rounds, is stable to a fraction of a percent
+(docs/PERFORMANCE.md, bench/interleaved.py)."""
 from __future__ import annotations
 
 import statistics
@@ -22,6 +27,27 @@ def median_ms(fn, reps: int = 20, warmup: int = 3, give_up_ms: float | None = No
         if give_up_ms is not None and len(times) == 1 and times[0] > give_up_ms:
             break
     return statistics.median(times)
+
+
+def paired_ms(fn, ref, reference_ms: float, reps: int = 20, warmup: int = 3, give_up_ms: float | None = None,
+              timed=None) -> float:
+    """fn's time as reference_ms x the median over `reps` rounds of fn's time over ref's time in the
+    same round; rounds alternate which of the two runs first. A first round whose scaled time is over
+    give_up_ms stops there."""
+    timed = timed or _cuda_timer()
+    for _ in range(warmup):
+        fn()
+        ref()
+    ratios = []
+    for i in range(reps):
+        if i % 2:
+            mine, theirs = timed(fn), timed(ref)
+        else:
+            theirs, mine = timed(ref), timed(fn)
+        ratios.append(mine / theirs)
+        if give_up_ms is not None and i == 0 and reference_ms * ratios[0] > give_up_ms:
+            break
+    return reference_ms * statistics.median(ratios)
 
 
 def _cuda_timer():

@@ -5,7 +5,9 @@ reports as that candidate's failure, instead of hanging the whole tune.
   python -m epic.tuning.trial < request.json    ->  {"ms": 0.123} or {"why": "..."} on stdout
 
 The request: {"source": path or program text, "sizes": {...}, "configs": {gemm: options}, "reps": n,
-"seed": s, "give_up_ms": ms or null (measure.median_ms)}. The child builds nothing (EPIC_NO_BUILD: the parent built every candidate) and ignores the
+"seed": s, "give_up_ms": ms or null (measure.median_ms), "reference": {gemm: options} or null,
+"reference_ms": ms or null}. With a reference, the candidate is timed in rounds against it
+(measure.paired_ms) and its time is reference_ms scaled by their ratio. The child builds nothing (EPIC_NO_BUILD: the parent built every candidate) and ignores the
 tuning database (EPIC_NO_TUNING: the candidate's configuration is the point).
 """
 from __future__ import annotations
@@ -18,10 +20,15 @@ import sys
 from ..diagnostics import Diagnostic, EpicError
 
 
-def request(source: str, sizes: dict, configs: dict, reps: int, seed: int = 0, give_up_ms: float | None = None) -> str:
-    plain = {g: {k: list(v) if isinstance(v, tuple) else v for k, v in c.items()} for g, c in configs.items()}
-    return json.dumps({"source": source, "sizes": sizes, "configs": plain, "reps": reps, "seed": seed,
-                       "give_up_ms": give_up_ms})
+def request(source: str, sizes: dict, configs: dict, reps: int, seed: int = 0, give_up_ms: float | None = None,
+            reference: dict | None = None, reference_ms: float | None = None) -> str:
+    return json.dumps({"source": source, "sizes": sizes, "configs": _plain(configs), "reps": reps, "seed": seed,
+                       "give_up_ms": give_up_ms, "reference": _plain(reference) if reference else None,
+                       "reference_ms": reference_ms})
+
+
+def _plain(configs: dict) -> dict:
+    return {g: {k: list(v) if isinstance(v, tuple) else v for k, v in c.items()} for g, c in configs.items()}
 
 
 def run_isolated(payload: str, timeout: float, argv: list[str] | None = None) -> float:
@@ -54,13 +61,17 @@ def main() -> int:
     try:
         req = json.loads(sys.stdin.read())
         analysis = pipeline.analyze(req["source"])
-        configs = options.check_config(req["configs"], {k.name: k.span for k in analysis.program.kernels
-                                                        if k.kind == "gemm"})
-        prog = CompiledProgram(analysis, configs)
+        gemms = {k.name: k.span for k in analysis.program.kernels if k.kind == "gemm"}
+        prog = CompiledProgram(analysis, options.check_config(req["configs"], gemms))
         inputs = device_inputs(analysis.source_program, req["sizes"], req.get("seed", 0))
         give_up = req.get("give_up_ms")
-        ms = measure.median_ms(lambda: prog(**inputs), int(req["reps"]),
-                               give_up_ms=float(give_up) if isinstance(give_up, (int, float)) else None)
+        give_up = float(give_up) if isinstance(give_up, (int, float)) else None
+        if req.get("reference") and isinstance(req.get("reference_ms"), (int, float)):
+            ref = CompiledProgram(analysis, options.check_config(req["reference"], gemms))
+            ms = measure.paired_ms(lambda: prog(**inputs), lambda: ref(**inputs), float(req["reference_ms"]),
+                                   int(req["reps"]), give_up_ms=give_up)
+        else:
+            ms = measure.median_ms(lambda: prog(**inputs), int(req["reps"]), give_up_ms=give_up)
         print(json.dumps({"ms": ms}))
     except EpicError as e:
         print(json.dumps({"why": e.diagnostics[0].message.splitlines()[0]}))

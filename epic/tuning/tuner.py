@@ -3,7 +3,10 @@
 Gemm by gemm, in program order (a chain's later gemms are tuned with the earlier ones' winners in
 place): the candidates of tuning/space.py are built all at once (parallel nvcc), then each is timed
 as the whole program's call (so a configuration that makes a combine kernel slower loses) on the
-same random inputs. A candidate that cannot be built or launched is reported and skipped; one whose
+same random inputs. The gemm's first candidate (the heuristic's) is timed alone; every later one in
+rounds against it (measure.paired_ms: runs milliseconds apart, so the GPU's clock drift cancels),
+its time being the first one's scaled by their ratio. A candidate that cannot be built or launched is
+reported and skipped; one whose
 first timed run is over GIVE_UP times the best so far is timed no further (it cannot win). Then the
 program's unfused torch form (runtime/unfused.py) is timed on the same inputs, eager and compiled:
 the baseline fusion must beat (`epic plan --tuned` prints the comparison; fallback="auto" runs the
@@ -73,11 +76,18 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
     gpu = gpu or torch.cuda.get_device_name()
     on_gpu = timer is None
     give_up: dict[str, float | None] = {"ms": None}     # GIVE_UP x the best time so far of this gemm
+    reference: dict = {"configs": None, "ms": None}      # the gemm's first timed candidate: the others pair with it
     if timer is None:
-        timer = (lambda prog, inputs: measure.median_ms(lambda: prog(**inputs), reps, give_up_ms=give_up["ms"])) \
-            if not timeout else \
-            (lambda prog, inputs: isolated.run_isolated(isolated.request(path_or_source, sizes, prog.config, reps,
-                                                                         give_up_ms=give_up["ms"]), timeout))
+        def timer(prog, inputs):
+            if timeout:
+                return isolated.run_isolated(isolated.request(
+                    path_or_source, sizes, prog.config, reps, give_up_ms=give_up["ms"],
+                    reference=reference["configs"], reference_ms=reference["ms"]), timeout)
+            if reference["configs"] is None:
+                return measure.median_ms(lambda: prog(**inputs), reps, give_up_ms=give_up["ms"])
+            ref = CompiledProgram(analysis, reference["configs"])
+            return measure.paired_ms(lambda: prog(**inputs), lambda: ref(**inputs), reference["ms"], reps,
+                                     give_up_ms=give_up["ms"])
     builder = builder or (lambda units: build.build_all(units, jobs))
     inputs = device_inputs(analysis.source_program, sizes) if on_gpu else {}
     m = sizes_mod.evaluate(next(k.rows for k in program.kernels), sizes)
@@ -100,6 +110,7 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
         report(f"{kernel.name}: building {len(units)} kernel(s) for {len(round_trials)} configuration(s)")
         _build_each(builder, round_trials)
         give_up["ms"] = None
+        reference.update(configs=None, ms=None)
         for trial in round_trials:
             if trial.why is None:
                 try:
@@ -107,6 +118,8 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
                     trial.ms = timer(prog, inputs)
                 except EpicError as e:
                     trial.why = e.diagnostics[0].message.splitlines()[0]
+                if trial.ms is not None and reference["configs"] is None:
+                    reference.update(configs={**best, kernel.name: trial.override}, ms=trial.ms)
             slow = trial.ms is not None and give_up["ms"] is not None and trial.ms > give_up["ms"]
             report(f"  {trial.config:<48} " + (f"{trial.ms:8.3f} ms" if trial.ms is not None else f"skipped: {trial.why}")
                    + (f"  (over {GIVE_UP:g}x the best so far)" if slow else ""))
