@@ -275,6 +275,23 @@ def test_the_tuner_gives_up_at_three_times_the_best_so_far(db, monkeypatch):
     assert (req["give_up_ms"], req["reference"], req["reference_ms"]) == (4.5, {"g": {"tile": [64, 64, 64]}}, 2.0)
 
 
+def test_the_unfused_forms_are_timed_against_the_fused_winner(monkeypatch):
+    from epic.tuning import measure
+    calls = []
+    monkeypatch.setattr(measure, "paired_ms", lambda fn, ref, ref_ms, reps: calls.append(("paired", fn(), ref(), ref_ms,
+                                                                                          reps)) or 2.0 * ref_ms)
+    monkeypatch.setattr(measure, "median_ms", lambda fn, reps: calls.append(("alone", fn(), reps)) or 7.0)
+
+    def unfused(compiled, **inputs):
+        return ("compiled" if compiled else "eager", inputs["x"])
+    got = tuner._time_unfused(unfused, {"x": 1}, 5, fused=lambda: "fused", fused_ms=0.5)
+    assert got["eager_ms"] == 1.0 and got["compiled_ms"] == 1.0 and "compile_s" in got
+    assert calls == [("paired", ("eager", 1), "fused", 0.5, 5), ("paired", ("compiled", 1), "fused", 0.5, 5)]
+    calls.clear()
+    got = tuner._time_unfused(unfused, {"x": 1}, 5)            # without a fused program: alone
+    assert (got["eager_ms"], got["compiled_ms"]) == (7.0, 7.0) and [c[0] for c in calls] == ["alone", "alone"]
+
+
 def test_a_paired_time_is_the_reference_scaled_by_the_median_ratio_of_rounds():
     from epic.tuning import measure
     order = []

@@ -15,6 +15,7 @@ faster form). The result goes to the tuning database, which epic.compile consult
 from __future__ import annotations
 
 import datetime
+import functools
 from dataclasses import dataclass, field
 
 from .. import pipeline, reference, sizes as sizes_mod
@@ -138,7 +139,11 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
         report(f"  -> {winner.config}")
     entry = {"configs": best, "ms": round(ms, 4), "heuristic_ms": round(heuristic_ms or ms, 4),
              "measured": datetime.date.today().isoformat(), "sizes": dict(sizes), "candidates": len(trials)}
-    unfused_timer = unfused_timer or ((lambda u, i: _time_unfused(u, i, reps)) if on_gpu else None)
+    if unfused_timer is None and on_gpu:        # in rounds against the fused winner, scaled by its time
+        winner_prog = CompiledProgram(analysis, best)
+
+        def unfused_timer(unfused, inputs):
+            return _time_unfused(unfused, inputs, reps, lambda: winner_prog(**inputs), ms)
     if unfused_timer is not None:
         from ..runtime.unfused import Unfused
         entry["unfused"] = unfused_timer(Unfused(program, analysis.source_program), inputs)
@@ -172,9 +177,11 @@ def _no_candidate(gemm: str, trials: list[Trial]):
     return Diagnostic("E707", f"no configuration of gemm '{gemm}' could be built and timed ({why})")
 
 
-def _time_unfused(unfused, inputs: dict, reps: int = 20) -> dict:
+def _time_unfused(unfused, inputs: dict, reps: int = 20, fused=None, fused_ms: float | None = None) -> dict:
     """The unfused form's times, eager and compiled (with how long compiling took); a form that fails
-    (torch.compile refusing a graph) is recorded with why, not raised."""
+    (torch.compile refusing a graph) is recorded with why, not raised. With fused() and its time, each
+    form is timed in rounds against it (measure.paired_ms), so fused and unfused compare without the
+    clock drift between two separate medians."""
     import time
     out: dict = {}
     for form, compiled in (("eager", False), ("compiled", True)):
@@ -183,7 +190,9 @@ def _time_unfused(unfused, inputs: dict, reps: int = 20) -> dict:
             unfused(compiled=compiled, **inputs)
             if compiled:
                 out["compile_s"] = round(time.perf_counter() - start, 1)
-            out[f"{form}_ms"] = round(measure.median_ms(lambda: unfused(compiled=compiled, **inputs), reps), 4)
+            run = functools.partial(unfused, compiled=compiled, **inputs)
+            ms = measure.paired_ms(run, fused, fused_ms, reps) if fused is not None else measure.median_ms(run, reps)
+            out[f"{form}_ms"] = round(ms, 4)
         except Exception as e:      # noqa: BLE001 -- a baseline that cannot run is a finding, not a crash
             out[f"{form}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
     return out
