@@ -163,7 +163,7 @@ SMALL_M = [KernelConfig("pingpong", (64, 64, 64), (1, 1))]
 #   SwiGLU 1.002 / 1.259; N = 128256 cross entropy 0.972 / 0.997. Not at N = 4096 (1.160 / 0.990) or
 #   14336 (1.085 / 0.974), where the last column of tiles is a third or two thirds empty.
 WIDE_N = [KernelConfig("pingpong", (128, 192, 64), (2, 1), swizzle=8)]
-WIDE = 16384
+WIDE = 16384      # N above this takes 192-wide tiles whatever its remainder (measured at 28672 and 128256)
 
 
 def _wide(n: int | None) -> bool:

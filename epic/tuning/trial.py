@@ -7,8 +7,9 @@ reports as that candidate's failure, instead of hanging the whole tune.
 The request: {"source": path or program text, "sizes": {...}, "configs": {gemm: options}, "reps": n,
 "seed": s, "give_up_ms": ms or null (measure.median_ms), "reference": {gemm: options} or null,
 "reference_ms": ms or null}. With a reference, the candidate is timed in rounds against it
-(measure.paired_ms) and its time is reference_ms scaled by their ratio. The child builds nothing (EPIC_NO_BUILD: the parent built every candidate) and ignores the
-tuning database (EPIC_NO_TUNING: the candidate's configuration is the point).
+(measure.paired_ms) and its time is reference_ms scaled by their ratio. The child builds nothing
+(EPIC_NO_BUILD: the parent built every candidate) and ignores the tuning database (EPIC_NO_TUNING:
+the candidate's configuration is the point).
 """
 from __future__ import annotations
 

@@ -6,11 +6,10 @@ as the whole program's call (so a configuration that makes a combine kernel slow
 same random inputs. The gemm's first candidate (the heuristic's) is timed alone; every later one in
 rounds against it (measure.paired_ms: runs milliseconds apart, so the GPU's clock drift cancels),
 its time being the first one's scaled by their ratio. A candidate that cannot be built or launched is
-reported and skipped; one whose
-first timed run is over GIVE_UP times the best so far is timed no further (it cannot win). Then the
-program's unfused torch form (runtime/unfused.py) is timed on the same inputs, eager and compiled:
-the baseline fusion must beat (`epic plan --tuned` prints the comparison; fallback="auto" runs the
-faster form). The result goes to the tuning database, which epic.compile consults from then on.
+reported and skipped; one whose first timed run is over GIVE_UP times the best so far is timed no
+further (it cannot win). Then the program's unfused torch form (runtime/unfused.py) is timed on
+the same inputs, eager and compiled, in rounds against the winner: the baseline fusion must beat
+(`epic plan --tuned` prints the comparison; fallback="auto" runs the faster form). The result goes to the tuning database, which epic.compile consults from then on.
 """
 from __future__ import annotations
 
