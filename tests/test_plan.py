@@ -67,8 +67,35 @@ def test_ledger_render_has_totals():
     assert "o_proj__row_mean_part0" in text
 
 
+def test_the_plan_and_the_sources_take_the_wide_tile_at_a_wide_n(tmp_path):
+    from cli.main import main
+    from epic.codegen import emit
+    prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out y: bf16 = acc\n}\n").program
+    for n, width in ((576, 192), (512, 128), (20000, 192)):
+        sizes = dict(M=8192, K=256, N=n)
+        assert planner.make_plan(prog, sizes).configs["g"].tile == (128, width, 64), n
+        assert emit.kernel_configs(prog, 8192, None, sizes)["g"].tile == (128, width, 64), n
+    assert emit.kernel_configs(prog, 8192)["g"].tile == (128, 128, 64)        # N unknown: not a wide one
+    path = tmp_path / "g.epi"
+    path.write_text("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out y: bf16 = acc\n}\n")
+    assert main(["compile", str(path), "-o", str(tmp_path / "out"), "--shape", "M=8192,K=256,N=576"]) == 0
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["g.g.ping_128x192x64_c2x1.cu"]
+
+
+def test_large_m_falls_back_down_the_ladder_when_the_epilogue_leaves_too_little_shared_memory():
+    # ten bf16 tiles loaded: pingpong 128x128 would need 64x32 x (2 x 2 B + 4 x 20 B) = 168 KiB for the
+    # epilogue + 2 x 32 KiB of mainloop; cooperative 128x128 and 128x64 more; pingpong 64x64 fits
+    loads = "".join(f"  in z{i}: bf16[M, N]\n" for i in range(10))
+    total = " + ".join(f"z{i}" for i in range(10))
+    prog = analyze(f"gemm g(x: bf16[M, K] @ w: bf16[K, N]) {{\n{loads}  out y: bf16 = acc + {total}\n}}\n").program
+    cfg = planner.make_plan(prog, dict(M=8192, K=256, N=4096)).configs["g"]
+    assert (cfg.schedule, cfg.tile) == ("pingpong", (64, 64, 64)), str(cfg)
+    assert not config.fits(prog.kernels[0], prog.tensors, config.LARGE_M[0])
+
+
 def test_heuristic_and_overrides():
     assert config.heuristic(64).schedule == "pingpong"
+    assert config.heuristic(256).tile == (64, 64, 64) and config.heuristic(257).tile == (128, 128, 64)
     large = config.heuristic(8192)
     assert (large.schedule, large.tile, large.cluster, large.swizzle) == ("pingpong", (128, 128, 64), (2, 1), 8)
     # 192 wide where N is a multiple of 192 or over 16384 (the H200 measurements in config.py)

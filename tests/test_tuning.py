@@ -275,6 +275,48 @@ def test_the_tuner_gives_up_at_three_times_the_best_so_far(db, monkeypatch):
     assert (req["give_up_ms"], req["reference"], req["reference_ms"]) == (4.5, {"g": {"tile": [64, 64, 64]}}, 2.0)
 
 
+@pytest.mark.parametrize("isolated", [False, True])
+def test_later_candidates_are_timed_against_the_first_and_the_unfused_forms_against_the_winner(
+        db, monkeypatch, isolated):
+    from epic.tuning import measure
+    monkeypatch.setenv("EPIC_NO_TUNING", "1")
+    sizes = dict(M=8192, D=4096)
+    ran, paired, requests = [], [], []
+    times = iter([2.0, 1.5, 3.0, 2.5, 2.2, 2.4, 2.6, 2.8, 2.9, 3.1, 3.2, 3.3])
+    monkeypatch.setattr(compiled_mod.CompiledProgram, "__call__", lambda self, **kw: ran.append(self.config))
+    monkeypatch.setattr(measure, "median_ms", lambda fn, reps, give_up_ms=None: fn() or next(times))
+
+    def fake_paired(fn, ref, reference_ms, reps, give_up_ms=None):
+        fn()
+        ref()
+        paired.append((ran[-2], ran[-1], reference_ms, reps))
+        return next(times)
+    monkeypatch.setattr(measure, "paired_ms", fake_paired)
+
+    def fake_child(payload, timeout):
+        requests.append((json.loads(payload), timeout))
+        return next(times)
+    monkeypatch.setattr(tuner.isolated, "run_isolated", fake_child)
+    monkeypatch.setattr(tuner, "device_inputs", lambda program, sizes, seed=0: {})
+    unfused = []
+    monkeypatch.setattr(tuner, "_time_unfused", lambda u, i, reps, fused, fused_ms: fused() or
+                        unfused.append((ran[-1], fused_ms, reps)) or {})
+    result = tuner.tune(RESID, sizes, limit=3, reps=7, database_file=db, gpu="GPU-A", builder=lambda u: None,
+                        report=lambda s: None, timeout=45.0 if isolated else 0)
+    first = {"o_proj": result.trials[0].override}
+    assert result.ms == 1.5 and result.configs == {"o_proj": result.trials[1].override}
+    if isolated:
+        assert requests[0][0]["reference"] is None and requests[0][0]["reference_ms"] is None
+        later = [r for r, _ in requests[1:]]
+        assert later and all(json.loads(json.dumps(first)) == r["reference"] and r["reference_ms"] == 2.0
+                             for r in later)
+        assert {t for _, t in requests} == {45.0} and all(r["reps"] == 7 for r, _ in requests)
+    else:
+        assert paired and all(ref == first and cand != first and ms == 2.0 and reps == 7
+                              for cand, ref, ms, reps in paired)
+    assert unfused == [({"o_proj": result.trials[1].override}, 1.5, 7)]
+
+
 def test_the_unfused_forms_are_timed_against_the_fused_winner(monkeypatch):
     from epic.tuning import measure
     calls = []
@@ -317,6 +359,12 @@ def test_a_paired_time_is_the_reference_scaled_by_the_median_ratio_of_rounds():
     calls = []
     assert measure.paired_ms(lambda: calls.append(1) or next(clock), lambda: next(clock), 2.0, reps=9, warmup=0,
                              give_up_ms=6.0, timed=timed) == 8.0 and len(calls) == 1
+    calls.clear()                                # exactly at the give-up time is not over it
+    assert measure.paired_ms(lambda: calls.append(1) or 3.0, lambda: 1.0, 2.0, reps=4, warmup=0, give_up_ms=6.0,
+                             timed=timed) == 6.0 and len(calls) == 4
+    calls.clear()                                # defaults: 3 untimed warm-up pairs, then 20 rounds
+    measure.paired_ms(lambda: calls.append(1) or 1.0, lambda: 1.0, 1.0, timed=timed)
+    assert len(calls) == 23
 
 
 class FakeGPU:

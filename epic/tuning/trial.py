@@ -23,13 +23,8 @@ from ..diagnostics import Diagnostic, EpicError
 
 def request(source: str, sizes: dict, configs: dict, reps: int, seed: int = 0, give_up_ms: float | None = None,
             reference: dict | None = None, reference_ms: float | None = None) -> str:
-    return json.dumps({"source": source, "sizes": sizes, "configs": _plain(configs), "reps": reps, "seed": seed,
-                       "give_up_ms": give_up_ms, "reference": _plain(reference) if reference else None,
-                       "reference_ms": reference_ms})
-
-
-def _plain(configs: dict) -> dict:
-    return {g: {k: list(v) if isinstance(v, tuple) else v for k, v in c.items()} for g, c in configs.items()}
+    return json.dumps({"source": source, "sizes": sizes, "configs": configs, "reps": reps, "seed": seed,
+                       "give_up_ms": give_up_ms, "reference": reference or None, "reference_ms": reference_ms})
 
 
 def run_isolated(payload: str, timeout: float, argv: list[str] | None = None) -> float:
