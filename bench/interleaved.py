@@ -8,7 +8,10 @@ round to round, so that the runs compared are milliseconds apart; a candidate's 
 over rounds of its time / cuBLAS's time in the same round, printed with the quartiles of that ratio.
 
   python bench/interleaved.py --work plain,bias_gelu --rows 8192 \
-      --configs coop_128x256x64_c2x1_s8,coop_256x128x64_c1x2_s8 [--rounds 200] [--out F]
+      --configs coop_128x256x64_c2x1_s8,coop_256x128x64_c1x2_s8 [--rounds 200] [--calls] [--out F]
+
+--calls times epic through its call path (`prog(**inputs)`, host time included where the GPU waits
+for it) instead of graph replays; cuBLAS is then timed as `x @ w` calls too.
 """
 from __future__ import annotations
 
@@ -28,19 +31,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import ROOT, WORK, graphed, parse_config  # noqa: E402
 
 
-def candidates(name: str, m: int, configs: list[str]):
-    """[(label, replay)] for cuBLAS, epic's default configuration and each configuration given."""
+def candidates(name: str, m: int, configs: list[str], calls: bool = False):
+    """[(label, replay)] for cuBLAS, epic's default configuration and each configuration given
+    (with calls: the calls themselves instead of CUDA-graph replays)."""
     path, make = WORK[name]
     gemm, _, inputs = make(m)
+    wrap = (lambda fn: fn) if calls else graphed
     # the control: cuBLAS again, as a candidate; its ratio shows the method's noise floor
-    out = [("cublas", graphed(gemm)), ("cublas-again", graphed(gemm))]
+    out = [("cublas", wrap(gemm)), ("cublas-again", wrap(gemm))]
     base = epic.compile(os.path.join(ROOT, path))
     gemms = [k.name for k in base.program.kernels if k.kind == "gemm"]
     for label in ["default"] + configs:
         try:
             prog = base if label == "default" else epic.compile(
                 os.path.join(ROOT, path), {g: parse_config(label) for g in gemms})
-            out.append((label, graphed(lambda p=prog: p(**inputs))))
+            out.append((label, wrap(lambda p=prog: p(**inputs))))
         except Exception as e:   # a configuration this program cannot take: say why, time the rest
             print(f"  {name} M={m} {label}: {str(e).splitlines()[0][:160]}", flush=True)
     return out
@@ -79,6 +84,7 @@ def main() -> int:
     ap.add_argument("--rows", default="8192")
     ap.add_argument("--configs", default="")
     ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--calls", action="store_true", help="time calls (host path included), not graph replays")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "interleaved.json"))
     args = ap.parse_args()
     configs = [c for c in args.configs.split(",") if c]
@@ -86,9 +92,10 @@ def main() -> int:
     results = []
     for name in args.work.split(","):
         for m in (int(r) for r in args.rows.split(",")):
-            times = rounds(candidates(name, m, configs), args.rounds)
+            times = rounds(candidates(name, m, configs, args.calls), args.rounds)
             base = times["cublas"]
-            rec = {"work": name, "M": m, "cublas_ms": statistics.median(base), "ratios": {}}
+            rec = {"work": name, "M": m, "timed": "calls" if args.calls else "graph replays",
+                   "cublas_ms": statistics.median(base), "ratios": {}}
             for label, ts in times.items():
                 if label == "cublas":
                     continue
