@@ -16,16 +16,17 @@ ROWS = (64, 8192)
 
 def main() -> int:
     units = []
-    cases = [(name, size) for name in PROGRAMS for size in SIZES] + \
-        [(name, (m, 0, 0)) for name in EXTRA for m in ROWS] + [(name, size, True) for name, size in SPLIT_CASES]
+    cases = [(name, size, False) for name in PROGRAMS for size in SIZES] + \
+        [(name, (m, 0, 0), False) for name in EXTRA for m in ROWS] + \
+        [(name, size, True) for name, size in SPLIT_CASES]
     programs = {}
-    for name, size, *split in cases:
+    for name, size, split in cases:       # each case at its own sizes: the tile width depends on N
         if name not in programs:
             programs[name] = epic.compile(path(name))
         prog = programs[name]
         sizes = {**PROGRAMS, **EXTRA}[name](*size)
-        m = sizes["M"]
-        configs = emit.kernel_configs(prog.program, m, split_k_config(prog.program) if split else None, sizes)
+        overrides = split_k_config(prog.program) if split else None
+        configs = emit.kernel_configs(prog.program, sizes["M"], overrides, sizes)
         units += [u for _, u in emit.units(prog.program, configs)]
     unique = {u.name + str(hash(u.source)): u for u in units}
     for p in build.build_all(list(unique.values())):
