@@ -9,7 +9,8 @@ its time being the first one's scaled by their ratio. A candidate that cannot be
 reported and skipped; one whose first timed run is over GIVE_UP times the best so far is timed no
 further (it cannot win). Then the program's unfused torch form (runtime/unfused.py) is timed on
 the same inputs, eager and compiled, in rounds against the winner: the baseline fusion must beat
-(`epic plan --tuned` prints the comparison; fallback="auto" runs the faster form). The result goes to the tuning database, which epic.compile consults from then on.
+(`epic plan --tuned` prints the comparison; fallback="auto" runs the faster form). The result goes
+to the tuning database, which epic.compile consults from then on.
 """
 from __future__ import annotations
 
