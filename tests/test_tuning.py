@@ -317,6 +317,32 @@ def test_later_candidates_are_timed_against_the_first_and_the_unfused_forms_agai
     assert unfused == [({"o_proj": result.trials[1].override}, 1.5, 7)]
 
 
+def test_a_chains_winners_are_timed_once_more_against_the_heuristics_plan(db, monkeypatch):
+    from epic.tuning import measure
+    monkeypatch.setenv("EPIC_NO_TUNING", "1")
+    sizes = dict(M=8192, D=4096, F=14336)
+    ran, paired = [], []
+    monkeypatch.setattr(compiled_mod.CompiledProgram, "__call__", lambda self, **kw: ran.append(self.config))
+    monkeypatch.setattr(measure, "median_ms", lambda fn, reps, give_up_ms=None: fn() or 2.0)
+
+    def fake_paired(fn, ref, reference_ms, reps, give_up_ms=None):
+        fn()
+        ref()
+        paired.append((ran[-2], ran[-1], reference_ms))
+        # the three gemms' winners against the first gemm's heuristic alone: only the last timing
+        return 1.25 if len(ran[-2]) == 3 and len(ran[-1]) == 1 else 1.5
+    monkeypatch.setattr(measure, "paired_ms", fake_paired)
+    monkeypatch.setattr(tuner, "device_inputs", lambda program, sizes, seed=0: {})
+    monkeypatch.setattr(tuner, "_time_unfused", lambda *a: {})
+    result = tuner.tune(MLP, sizes, limit=2, database_file=db, gpu="GPU-A", builder=lambda u: None,
+                        report=lambda s: None, timeout=0)
+    first = result.trials[0]
+    cand, ref, ref_ms = paired[-1]
+    assert cand == result.configs and ref == {first.gemm: first.override} and ref_ms == 2.0
+    assert [p for p in paired if len(p[0]) == 3 and len(p[1]) == 1] == [paired[-1]]
+    assert result.heuristic_ms == 2.0 and result.ms == 1.25
+
+
 def test_the_unfused_forms_are_timed_against_the_fused_winner(monkeypatch):
     from epic.tuning import measure
     calls = []
