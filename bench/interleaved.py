@@ -10,8 +10,9 @@ over rounds of its time / cuBLAS's time in the same round, printed with the quar
   python bench/interleaved.py --work plain,bias_gelu --rows 8192 \
       --configs coop_128x256x64_c2x1_s8,coop_256x128x64_c1x2_s8 [--rounds 200] [--calls] [--out F]
 
---calls times epic through its call path (`prog(**inputs)`, host time included where the GPU waits
-for it) instead of graph replays; cuBLAS is then timed as `x @ w` calls too.
+--calls times epic through its call path (`prog(**inputs)`) instead of graph replays, and cuBLAS as
+`x @ w` calls; each run then starts on an idle GPU (synchronized after the flush), so the host's time
+to issue the launches is inside the events.
 """
 from __future__ import annotations
 
@@ -51,8 +52,9 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False):
     return out
 
 
-def rounds(cands, n: int, batch: int = 10) -> dict[str, list[float]]:
-    """ms per run: n rounds, each running every candidate once; synchronized every `batch` rounds."""
+def rounds(cands, n: int, batch: int = 10, idle: bool = False) -> dict[str, list[float]]:
+    """ms per run: n rounds, each running every candidate once; synchronized every `batch` rounds
+    (idle: also before each run, so that the time to issue it counts)."""
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")    # > L2 (50 MB on the H200)
     times: dict[str, list[float]] = {label: [] for label, _ in cands}
     for _, fn in cands:                                                   # warm up
@@ -62,6 +64,8 @@ def rounds(cands, n: int, batch: int = 10) -> dict[str, list[float]]:
         for r in range(first, min(n, first + batch)):
             for label, fn in cands[r % len(cands):] + cands[:r % len(cands)]:
                 flush.zero_()
+                if idle:
+                    torch.cuda.synchronize()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 fn()
@@ -92,7 +96,7 @@ def main() -> int:
     results = []
     for name in args.work.split(","):
         for m in (int(r) for r in args.rows.split(",")):
-            times = rounds(candidates(name, m, configs, args.calls), args.rounds)
+            times = rounds(candidates(name, m, configs, args.calls), args.rounds, idle=args.calls)
             base = times["cublas"]
             rec = {"work": name, "M": m, "timed": "calls" if args.calls else "graph replays",
                    "cublas_ms": statistics.median(base), "ratios": {}}
