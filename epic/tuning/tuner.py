@@ -7,8 +7,8 @@ same random inputs. The gemm's first candidate (the heuristic's) is timed alone;
 rounds against it (measure.paired_ms: runs milliseconds apart, so the GPU's clock drift cancels),
 its time being the first one's scaled by their ratio. A candidate that cannot be built or launched is
 reported and skipped; one whose first timed run is over GIVE_UP times the best so far is timed no
-further (it cannot win). A chain's winners are timed once more against the all-heuristic plan. Then the program's unfused torch form (runtime/unfused.py) is timed on
-the same inputs, eager and compiled, in rounds against the winner: the baseline fusion must beat
+further (it cannot win). A chain's winners are timed once more against the all-heuristic plan.
+Then the program's unfused torch form (runtime/unfused.py) is timed on the same inputs, eager and compiled, in rounds against the winner: the baseline fusion must beat
 (`epic plan --tuned` prints the comparison; fallback="auto" runs the faster form). The result goes
 to the tuning database, which epic.compile consults from then on.
 """
@@ -77,16 +77,16 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
     gpu = gpu or torch.cuda.get_device_name()
     on_gpu = timer is None
     give_up: dict[str, float | None] = {"ms": None}     # GIVE_UP x the best time so far of this gemm
-    reference: dict = {"configs": None, "ms": None}      # the gemm's first timed candidate: the others pair with it
+    reference: dict = {"prog": None, "ms": None}      # the gemm's first timed candidate: the others pair with it
     if timer is None:
         def timer(prog, inputs):
+            ref = reference["prog"]
             if timeout:
                 return isolated.run_isolated(isolated.request(
                     path_or_source, sizes, prog.config, reps, give_up_ms=give_up["ms"],
-                    reference=reference["configs"], reference_ms=reference["ms"]), timeout)
-            if reference["configs"] is None:
+                    reference=ref.config if ref else None, reference_ms=reference["ms"]), timeout)
+            if ref is None:
                 return measure.median_ms(lambda: prog(**inputs), reps, give_up_ms=give_up["ms"])
-            ref = CompiledProgram(analysis, reference["configs"])
             return measure.paired_ms(lambda: prog(**inputs), lambda: ref(**inputs), reference["ms"], reps,
                                      give_up_ms=give_up["ms"])
     builder = builder or (lambda units: build.build_all(units, jobs))
@@ -112,7 +112,7 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
         report(f"{kernel.name}: building {len(units)} kernel(s) for {len(round_trials)} configuration(s)")
         _build_each(builder, round_trials)
         give_up["ms"] = None
-        reference.update(configs=None, ms=None)
+        reference.update(prog=None, ms=None)
         for trial in round_trials:
             if trial.why is None:
                 try:
@@ -120,8 +120,8 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
                     trial.ms = timer(prog, inputs)
                 except EpicError as e:
                     trial.why = e.diagnostics[0].message.splitlines()[0]
-                if trial.ms is not None and reference["configs"] is None:
-                    reference.update(configs={**best, kernel.name: trial.override}, ms=trial.ms)
+                if trial.ms is not None and reference["prog"] is None:
+                    reference.update(prog=prog, ms=trial.ms)
             slow = trial.ms is not None and give_up["ms"] is not None and trial.ms > give_up["ms"]
             report(f"  {trial.config:<48} " + (f"{trial.ms:8.3f} ms" if trial.ms is not None else f"skipped: {trial.why}")
                    + (f"  (over {GIVE_UP:g}x the best so far)" if slow else ""))
@@ -142,7 +142,7 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
         # a chain: each gemm's times were scaled by its own first candidate's; time the winners once more
         # in rounds against the all-heuristic plan, so that tuned and heuristic totals compare
         give_up["ms"] = None
-        reference.update(configs=heuristic, ms=heuristic_ms)
+        reference.update(prog=CompiledProgram(analysis, heuristic), ms=heuristic_ms)
         try:
             ms = timer(CompiledProgram(analysis, best), inputs)
         except EpicError as e:
