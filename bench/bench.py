@@ -220,9 +220,11 @@ DIMS = {
 
 
 def parse_config(key: str) -> dict:
-    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4]' -> {'schedule': 'cooperative', 'tile':
-    (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler swizzle, raster (m or n)
-    and split-K count."""
+    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold]' -> {'schedule': 'cooperative', 'tile':
+    (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler swizzle, raster (m or n),
+    split-K count, and combine=fold. 'fold' alone: the default configuration with combine=fold."""
+    if key == "fold":
+        return {"combine": "fold"}
     sched, tile, cluster, *rest = key.split("_")
     cfg = {"schedule": {"coop": "cooperative", "ping": "pingpong", "pp": "pingpong"}[sched],
            "tile": tuple(int(v) for v in tile.split("x")), "cluster": tuple(int(v) for v in cluster[1:].split("x"))}
@@ -235,6 +237,8 @@ def parse_config(key: str) -> dict:
             cfg["splits"] = int(extra[1:])
         elif extra in ("rm", "rn"):
             cfg["raster"] = extra[1]
+        elif extra == "fold":
+            cfg["combine"] = "fold"
         else:
             cfg["aux_load"] = extra
     return cfg

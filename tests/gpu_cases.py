@@ -95,3 +95,20 @@ def to_device(program, inputs: dict) -> dict:
         else:
             out[name] = x.cuda()
     return out
+
+
+# combine=fold: every gemm's row combine kernel run inside the gemm (the last CTA of a row block
+# merges); programs without one build the same kernels and are skipped
+FOLD = {"combine": "fold"}
+
+
+def fold_config(program) -> dict:
+    return {k.name: dict(FOLD) for k in program.kernels if k.kind == "gemm"}
+
+
+def folds(program) -> bool:
+    """Whether combine=fold folds any of the program's combine kernels."""
+    from epic.codegen import emit
+    from epic.plan import config as config_mod
+    return bool(emit.folds(program, {k.name: config_mod.KernelConfig("pingpong", (64, 64, 64), combine="fold")
+                                     for k in program.kernels if k.kind == "gemm"}))

@@ -1,5 +1,6 @@
 """Build, on a CPU machine, every kernel the GPU tests and the benchmark need, into the cache
-($EPIC_CACHE_DIR): `EPIC_CACHE_DIR=.epic-cache python -m tests.prebuild`. The device run then
+($EPIC_CACHE_DIR): `EPIC_CACHE_DIR=.epic-cache python -m tests.prebuild [PROGRAM ...]` (programs as
+tests/gpu_cases.py names them: only theirs). The device run then
 carries .epic-cache and builds nothing (docs/GPU.md)."""
 import sys
 
@@ -7,25 +8,32 @@ import epic
 from epic.codegen import emit
 from epic.runtime import build
 
-from .gpu_cases import PROGRAMS, SIZES, SPLIT_CASES, path, split_k_config
+from .gpu_cases import PROGRAMS, SIZES, SPLIT_CASES, fold_config, folds, path, split_k_config
 
 # the benchmark's identity epilogue, at its square shape (bench/prebuild.py builds the rest)
 EXTRA = {"bench/programs/plain.epi": lambda m, n, k: dict(M=m, K=4096, N=4096)}
 ROWS = (64, 8192)
 
 
-def main() -> int:
+def main(only: list[str] | None = None) -> int:
+    """only: build for these programs alone (paths as in gpu_cases.PROGRAMS), e.g. to re-test some on a device."""
+    only = only if only is not None else sys.argv[1:]
     units = []
-    cases = [(name, size, False) for name in PROGRAMS for size in SIZES] + \
-        [(name, (m, 0, 0), False) for name in EXTRA for m in ROWS] + \
-        [(name, size, True) for name, size in SPLIT_CASES]
+    cases = [(name, size, None) for name in PROGRAMS for size in SIZES] + \
+        [(name, (m, 0, 0), None) for name in EXTRA for m in ROWS] + \
+        [(name, size, "split") for name, size in SPLIT_CASES] + \
+        [(name, size, "fold") for name in PROGRAMS for size in SIZES]
     programs = {}
-    for name, size, split in cases:       # each case at its own sizes: the tile width depends on N
+    for name, size, variant in cases:     # each case at its own sizes: the tile width depends on N
+        if only and name not in only:
+            continue
         if name not in programs:
             programs[name] = epic.compile(path(name))
         prog = programs[name]
+        if variant == "fold" and not folds(prog.program):
+            continue
         sizes = {**PROGRAMS, **EXTRA}[name](*size)
-        overrides = split_k_config(prog.program) if split else None
+        overrides = {"split": split_k_config, "fold": fold_config}[variant](prog.program) if variant else None
         configs = emit.kernel_configs(prog.program, sizes["M"], overrides, sizes)
         units += [u for _, u in emit.units(prog.program, configs)]
     unique = {u.name + str(hash(u.source)): u for u in units}

@@ -211,6 +211,76 @@ def test_combine_kernel_lowering():
     assert "__shfl_xor_sync" in merge and "/ s[0]" in merge and "rsqrtf" in body
 
 
+def _fold(prog, m=64):
+    return emit.kernel_configs(prog, m, {k.name: {"combine": "fold"} for k in prog.kernels if k.kind == "gemm"})
+
+
+def test_a_folded_row_combine_runs_inside_its_gemm():
+    prog = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi")).program
+    (spec, unit), = emit.units(prog, _fold(prog))        # one launch: the combine kernel has no unit
+    assert spec.config.combine == "fold" and unit.name.endswith("_fold")
+    node = spec.nodes[-1]                                 # last: its hooks run after the partials' stores
+    assert node.type == "epic_nodes::Sm90RowFold<TileShape, epic_fold_tail>"
+    assert node.inputs == [len(spec.nodes) - 2]           # a pass-through around the old root
+    roles = [(p.role, p.tensor) for p in spec.pointers]
+    counters = roles.index(("counters", ""))              # passed as null: the library's own counters
+    assert roles[counters + 1:] == [("row_partial", "o_proj__row_mean_part0"), ("out", "r")]
+    assert [s.name for s in spec.scalars][-2:] == ["D", "eps"]
+    assert spec.scratch == [(counters, "(sizes[0] + 64 - 1) / 64 * 4")]
+    assert f"with_scratch[{counters}] = epic_nodes::stream_scratch(dev, st, {counters}," in unit.source
+    tail = next(f for f in spec.functors if "struct epic_fold_tail" in f)
+    assert "__ldcg(part_0 + ((long long)t * rows_padded + m))" in tail      # through L2: other CTAs wrote them
+    assert "t0 += kLanes * FOLD_IN_FLIGHT" in tail and "for (int o = kLanes / 2; o > 0; o >>= 1)" in tail
+    assert "if (lane != 0 || m >= M) return;" in tail and "rsqrtf" in tail
+    from epic.plan import ledger, planner
+    source = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi")).source_program
+    text = ledger.render(planner.make_plan(prog, {"M": 64, "D": 392}, {"o_proj": {"combine": "fold"}}), source)
+    assert "o_proj__row_combine: combine of o_proj's per-tile partials (rows), folded into o_proj" in text
+    # the combine kernel's own source is untouched by folding elsewhere: 32 lanes, plain loads
+    kernel = emit.units(prog, configs(prog, 64))[1][0]
+    assert "for (int t = lane; t < tiles_n; t += 32)" in "\n".join(kernel.merge)
+
+
+def test_only_a_row_combine_right_after_its_gemm_folds():
+    whole = pipeline.analyze(str(ROOT / "tests" / "programs" / "whole_tensor.epi")).program
+    cols = pipeline.analyze(str(ROOT / "tests" / "programs" / "col_stats.epi")).program
+    for prog in (whole, cols):
+        folded = emit.folds(prog, _fold(prog))
+        for k in prog.kernels:
+            if k.kind == "combine":
+                assert (k.name in folded) == (k.axis == "row"), (prog.name, k.name, k.axis)
+        names = {s.name for s, _ in emit.units(prog, _fold(prog))}
+        assert names == {k.name for k in prog.kernels if k.name not in folded}
+    mlp = pipeline.analyze(str(ROOT / "samples" / "prenorm_mlp.epi")).program
+    assert emit.folds(mlp, configs(mlp, 64)) == {}        # combine=kernel, the default: nothing folds
+
+
+def test_combine_fold_with_split_k_is_refused():
+    prog = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi")).program
+    with pytest.raises(EpicError) as info:
+        emit.kernel_configs(prog, 64, {"o_proj": {"combine": "fold", "splits": 2}})
+    assert info.value.codes == ["E216"] and "combine=fold does not work with splits=2" in str(info.value)
+    with pytest.raises(EpicError) as info:
+        emit.kernel_configs(prog, 64, {"o_proj": {"combine": "later"}})
+    assert "combine must be one of kernel, fold" in str(info.value)
+
+
+def test_decode_shares_a_block_between_a_clusters_two_ctas():
+    prog = pipeline.analyze(str(ROOT / "samples" / "qk_norm_rope.epi")).program
+    (spec, unit), = emit.units(prog, configs(prog, 64))
+    assert str(spec.config) == "pingpong 64x64x64 cluster 1x2 epilogue 64x64"
+    roles = [(p.role, p.tensor) for p in spec.pointers]
+    slots = roles.index(("pair_slots", ""))
+    assert spec.scratch == [(slots, "(long long)((sizes[0] + 64 - 1) / 64 * 64) * ((sizes[1] + 128 - 1) / 128) * 16")]
+    assert spec.nodes[-1].args.endswith(f"static_cast<uint64_t*>(p[{slots}])}}")
+    assert "epic_nodes/stream_scratch.hpp" in spec.headers
+    (big, _), = emit.units(prog, configs(prog, 8192))      # prefill: 128-wide tiles hold whole blocks
+    assert big.scratch == [] and "pair_slots" not in [p.role for p in big.pointers]
+    quant = pipeline.analyze(str(ROOT / "samples" / "fp8_block_quant.epi")).program
+    (q, _), = emit.units(quant, configs(quant, 64))
+    assert q.nodes[-1].type.startswith("epic_nodes::Sm90BlockScale<128,") and q.scratch
+
+
 def test_compile_command_writes_sources(tmp_path, capsys):
     from epic_cli.main import main
     assert main(["compile", str(ROOT / "samples" / "residual_rmsnorm.epi"), "-o", str(tmp_path)]) == 0
@@ -302,17 +372,17 @@ def test_nvcc_failure_is_E701_and_keeps_the_source(fake_nvcc):
 # ---------------------------------------------------------------- a real nvcc compile (slow)
 @pytest.mark.nvcc
 def test_nvcc_builds_generated_kernels(tmp_path, monkeypatch):
-    """Two gemm kernels (one with a per-tile reduction) and a combine kernel, compiled by nvcc in
-    parallel into a fresh cache, then loaded: their C ABI must match what the runtime expects."""
+    """Gemm kernels (a per-tile reduction; the same with its combine folded in; QK-norm's blocks
+    shared by a 1x2 cluster's two CTAs, both with per-stream scratch) and a combine kernel, compiled by
+    nvcc in parallel into a fresh cache, then loaded: their C ABI must match what the runtime expects."""
     if not build.shutil.which("nvcc"):
         pytest.skip("nvcc not installed")
     monkeypatch.setenv("EPIC_CACHE_DIR", str(tmp_path))
-    pairs = []
-    for name in ("residual_rmsnorm", "bias_gelu"):
-        prog = pipeline.analyze(str(ROOT / "samples" / f"{name}.epi")).program
-        pairs += emit.units(prog, configs(prog, 64))
+    resid = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi")).program
+    qk = pipeline.analyze(str(ROOT / "samples" / "qk_norm_rope.epi")).program
+    pairs = emit.units(resid, configs(resid, 64)) + emit.units(resid, _fold(resid)) + emit.units(qk, configs(qk, 64))
     paths = build.build_all([u for _, u in pairs], quiet=True)
-    assert len(paths) == 3 and all(p.exists() and p.stat().st_size > 100_000 for p in paths)
+    assert len(paths) == 4 and all(p.exists() and p.stat().st_size > 100_000 for p in paths)
     for (spec, _), p in zip(pairs, paths):
         lib = loader.load(p, [f"{x.role}:{x.tensor}" for x in spec.pointers])
         assert lib.info["kernel"] == spec.name

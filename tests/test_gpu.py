@@ -25,7 +25,8 @@ import epic
 from epic import dtypes, reference
 from epic.diagnostics import EpicError
 
-from .gpu_cases import PROGRAMS, SIZES, SPLIT_CASES, make_inputs, path, split_k_config, to_device
+from .gpu_cases import (PROGRAMS, SIZES, SPLIT_CASES, fold_config, folds, make_inputs, path, split_k_config,
+                        to_device)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (see docs/GPU.md)")]
@@ -122,6 +123,73 @@ def test_split_k_kernels_match_reference_and_are_deterministic(name, size):
     for t, x in out.items():        # the partial sums are added in a fixed order: the same bytes every run
         assert torch.equal(x.reshape(-1).view(torch.uint8), again[t].reshape(-1).view(torch.uint8)), \
             f"{name}: {t} differs between runs"
+
+
+_FOLDED = {}
+
+
+def folded(name):
+    """The program with combine=fold on every gemm (skips the test where nothing folds)."""
+    if not folds(compiled(name).program):
+        pytest.skip("no row combine kernel to fold: the same kernels as without combine=fold")
+    if name not in _FOLDED:
+        _FOLDED[name] = epic.compile(path(name), config=fold_config(compiled(name).program))
+    return _FOLDED[name]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_folded_combine_kernels_match_reference_and_are_deterministic(name, size):
+    """combine=fold: the last CTA of each row block merges the partials inside the gemm; one launch
+    fewer per folded combine, results within the reference's tolerance and the same bytes every run
+    (the merge is in tile order whichever CTA finishes last)."""
+    prog = folded(name)
+    sizes = PROGRAMS[name](*size)
+    bound = prog._bind(sizes, torch.device("cuda", torch.cuda.current_device()))
+    combines = sum(k.kind == "combine" for k in prog.program.kernels)
+    assert len(bound.launches) < len(prog.program.kernels) or not combines
+    out = _check_against_reference(prog, name, size)
+    for _ in range(2):
+        again = prog(poison=True, keep=True, **to_device(prog.program, make_inputs(
+            prog.analysis.source_program, sizes, seed_of(name, size))))
+        for t, x in out.items():
+            assert torch.equal(x.reshape(-1).view(torch.uint8), again[t].reshape(-1).view(torch.uint8)), \
+                f"{name}: {t} differs between runs"
+
+
+def test_folded_combine_on_two_streams_at_once():
+    """Each stream has its own row block counters: calls racing on two streams give the bytes of one
+    call alone (shared counters would let one launch's CTAs complete the other's row blocks)."""
+    name = "samples/residual_rmsnorm.epi"
+    prog = folded(name)
+    inputs = to_device(prog.program, make_inputs(prog.analysis.source_program, dict(M=8191, D=4096), 5))
+    want = {k: v.clone() for k, v in prog(**inputs).items()}
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    torch.cuda.synchronize()
+    results = []
+    for _ in range(10):
+        for st in streams:
+            with torch.cuda.stream(st):
+                results.append(prog(**inputs))
+    torch.cuda.synchronize()
+    for got in results:
+        for k in want:
+            assert torch.equal(got[k].reshape(-1).view(torch.uint8), want[k].reshape(-1).view(torch.uint8)), k
+
+
+def test_a_captured_folded_program_replays_like_calls():
+    name = "samples/residual_rmsnorm.epi"
+    prog = folded(name)
+    sizes = PROGRAMS[name](77, 392, 200)
+    first = to_device(prog.program, make_inputs(prog.analysis.source_program, sizes, seed_of(name, "fold", 1)))
+    second = to_device(prog.program, make_inputs(prog.analysis.source_program, sizes, seed_of(name, "fold", 2)))
+    g = prog.capture(**first)
+    for inputs in (first, second, first, second):
+        want = {k: v.clone() for k, v in prog(**inputs).items()}
+        got = g(**inputs)
+        torch.cuda.synchronize()
+        for k in want:
+            assert torch.equal(got[k].view(-1).view(torch.uint8), want[k].view(-1).view(torch.uint8)), f"{name}: {k}"
 
 
 def _check_against_reference(prog, name, size) -> dict:

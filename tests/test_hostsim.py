@@ -25,11 +25,13 @@ from .hostsim import harness
 PROGRAMS = [str(p.relative_to(ROOT)) for p in [*SAMPLES, *sorted((ROOT / "tests" / "programs").glob("*.epi"))]]
 # configuration: (the M whose heuristic configuration it is, changes to it)
 CONFIGS = {"small_m": (64, {}), "large_m": (8192, {}),
-           "large_m_direct": (8192, {"aux_load": "direct"})}     # extra tiles loaded straight to registers
+           "large_m_direct": (8192, {"aux_load": "direct"}),     # extra tiles loaded straight to registers
+           # a row statistic's combine kernel folded into its gemm (the last CTA of a row block merges)
+           "small_m_fold": (64, {"combine": "fold"}), "large_m_fold": (8192, {"combine": "fold"})}
 SHAPES = [(1, 392, 200), (77, 392, 200), (300, 392, 200), (256, 512, 256)]   # (M, N, K); the last: tile multiples
 WIDE = (300, 576, 136)      # N a multiple of 192: large M takes 128x192 tiles where the blocks allow
-CASES = [(config, shape) for config in ("small_m", "large_m") for shape in SHAPES] + \
-    [("large_m", WIDE), ("large_m_direct", SHAPES[1])]
+CASES = [(config, shape) for config in ("small_m", "large_m", "small_m_fold", "large_m_fold") for shape in SHAPES] + \
+    [("large_m", WIDE), ("large_m_fold", WIDE), ("large_m_direct", SHAPES[1])]
 
 
 def sizes_for(program, m: int, n: int, k: int) -> dict[str, int]:
@@ -73,6 +75,19 @@ def loads_tiles_directly(case: harness.Case) -> bool:
     return any("Sm90AuxLoad<0," in s for s in case.sources)
 
 
+def folds(case: harness.Case) -> bool:
+    return any("epic_nodes::Sm90RowFold<" in s for s in case.sources)
+
+
+def same_as_unchanged(config: str, case: harness.Case) -> str | None:
+    """Why a variant configuration's case would build the same kernels as the plain one, or None."""
+    if config == "large_m_direct" and not loads_tiles_directly(case):
+        return "no extra tiles to load: the same kernels as large_m"
+    if config.endswith("_fold") and not folds(case):
+        return "no row combine kernel to fold: the same kernels as without combine=fold"
+    return None
+
+
 @pytest.fixture(scope="session")
 def host_kernels():
     """Compile every kernel the cases need in one go; returns {(program, config): E702 message}."""
@@ -87,9 +102,9 @@ def host_kernels():
                     raise
                 unsupported[name, config] = str(e).splitlines()[0]
                 continue
-            if config != "large_m_direct" or loads_tiles_directly(case):
+            if same_as_unchanged(config, case) is None:
                 sources += case.sources
-            if config == "large_m":
+            if config == "large_m" or (config == "large_m_fold" and folds(case)):
                 sources += prepare(name, config, WIDE).sources
     hostsim.compiler.prebuild(sources)
     return unsupported
@@ -101,6 +116,6 @@ def test_generated_kernels_match_reference_on_host(host_kernels, name, config, s
     if (name, config) in host_kernels:
         pytest.skip(f"code generation does not support it yet: {host_kernels[name, config]}")
     case = prepare(name, config, shape)
-    if config == "large_m_direct" and not loads_tiles_directly(case):
-        pytest.skip("no extra tiles to load: the same kernels as large_m")
+    if (why := same_as_unchanged(config, case)) is not None:
+        pytest.skip(why)
     harness.check(case, seed_of(name, config, shape))

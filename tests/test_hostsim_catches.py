@@ -101,6 +101,11 @@ def swap_node_pointers(source: str) -> str:
     return source[:start] + block + source[end:]
 
 
+def fold_skips_last_tile(source: str) -> str:
+    """A folded combine (combine=fold) merges every row's partials but the last column tile's."""
+    return source.replace("if (t0 + u * kLanes < tiles_n) {", "if (t0 + u * kLanes < tiles_n - 1) {")
+
+
 def rename_node_type(source: str) -> str:
     """A node type the simulator has never heard of."""
     return source.replace("Sm90RowBroadcast<", "Sm90FancyBroadcast<")
@@ -123,7 +128,10 @@ PLANTED = {
                                None, r"r: 1 of 77 elements depend on the buffer's initial contents"),
     "max_identity_zero": ("tests/programs/col_stats.epi", dict(M=300, K=200, N=392), 8192, max_identity_zero,
                           None, r"g__rmax_part0 \(f32\)"),
+    "fold_skips_last_tile": ("samples/residual_rmsnorm.epi", dict(M=77, D=392), 64, no_bug, fold_skips_last_tile,
+                             r"r \(f32\): \d+ of 77 elements off"),
 }
+OPTIONS = {"fold_skips_last_tile": {"combine": "fold"}}    # configuration changes of a case
 
 
 def negative_inputs(case: harness.Case) -> dict:
@@ -148,9 +156,9 @@ def cases():
     out = {}
     for name, (program, sizes, config_m, patch, edit, _) in PLANTED.items():
         path = str(ROOT / program)
-        control = harness.prepare(path, sizes, config_m)
+        control = harness.prepare(path, sizes, config_m, OPTIONS.get(name))
         with patch():
-            buggy = harness.prepare(path, sizes, config_m)
+            buggy = harness.prepare(path, sizes, config_m, OPTIONS.get(name))
         if edit is not None:
             buggy = buggy.with_sources(edit)
         assert buggy.sources != control.sources, f"{name}: planting the bug changed no generated source"

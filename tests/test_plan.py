@@ -104,7 +104,14 @@ def test_heuristic_and_overrides():
         assert config.heuristic(8192, n=n).tile == (128, width, 64), n
     assert config.heuristic(8192, {128}, n=28672).tile == (128, 128, 64)   # a block of 128 narrows it
     assert config.heuristic(8192, {64}, n=28672).tile == (128, 192, 64)
-    assert config.heuristic(256, n=28672).tile == (64, 64, 64)             # small M keeps its tiles
+    # decode: 64x128 above 16384 columns (H200, M = 64: cross entropy 0.950 against 1.004 with 64x64)
+    for n, width in ((4096, 64), (14336, 64), (16384, 64), (16385, 128), (28672, 128), (None, 64)):
+        assert config.heuristic(256, n=n).tile == (64, width, 64), n
+    # decode with 1x128 blocks: 64-wide tiles, each block shared by a 1x2 cluster's two CTAs
+    shared = config.heuristic(64, {128}, n=4096)
+    assert (shared.tile, shared.cluster) == ((64, 64, 64), (1, 2)) and config.split_block(shared, 128)
+    assert config.heuristic(64, {64}, n=4096).cluster == (1, 1)           # blocks the tile holds: no cluster
+    assert config.heuristic(64, {256}, n=4096).tile == (64, 256, 64)      # only a block of twice the tile splits
     prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile=128x128x64, schedule=cooperative {\n"
                    "  out y: bf16 = acc\n}\n").program
     plan = planner.make_plan(prog, dict(M=64, K=64, N=64))

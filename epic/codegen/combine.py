@@ -33,7 +33,13 @@ class CombineSpec:
     body: list[str]         # lane 0: the vector math and the stores
 
 
-def lower_combine(program: Program, k: CombineKernel) -> CombineSpec:
+def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> CombineSpec:
+    """folded: the code for a gemm's last CTA of a row block (codegen/nodes/fold.py) instead of a
+    kernel of its own: kLanes lanes (a power of two, at most 32) share a row instead of a warp, and
+    the partials, written by other CTAs of the same launch, are read through L2 (__ldcg)."""
+    if folded and k.axis != "row":
+        raise ValueError("only a row combine kernel folds into its gemm")
+    lanes, first = ("kLanes", "kLanes / 2") if folded else ("32", "16")
     pointers: list[Pointer] = []
     scalars: list[Scalar] = []
     writer = fn.ExprWriter(pairwise=False, flavor="cuda")
@@ -67,12 +73,22 @@ def lower_combine(program: Program, k: CombineKernel) -> CombineSpec:
             merge += [f"float {a} = {literal(init)};" for a, init in zip(accs, r.identity)]
             entry = f"(long long)t * {pitch} + {idx}"
             at = (lambda c: f"({entry}) * {r.state} + {c}") if r.state > 1 else (lambda c: entry)
-            loads = " ".join(f"float {x} = part_{i}[{at(c)}];" for c, x in enumerate(xs))
+            load = (lambda c: f"__ldcg(part_{i} + ({at(c)}))") if folded else (lambda c: f"part_{i}[{at(c)}]")
+            loads = " ".join(f"float {x} = {load(c)};" for c, x in enumerate(xs))
             step = r.cxx_merge.format(**{f"a{c}": a for c, a in enumerate(accs)}, **{f"x{c}": x for c, x in enumerate(xs)})
             shuffles = " ".join(f"float {x} = __shfl_xor_sync(0xffffffffu, {a}, o);" for x, a in zip(xs, accs))
             merge.append(f"const float* part_{i} = static_cast<const float*>({buf});")
-            merge.append(f"for (int t = lane; t < {tiles}; t += 32) {{ {loads} {step} }}")
-            merge.append(f"for (int o = 16; o > 0; o >>= 1) {{ {shuffles} {step} }}")
+            if folded:      # FOLD_IN_FLIGHT loads at once: the last CTA's merge is on the kernel's critical path
+                batch = " ".join(f"float {x}_[FOLD_IN_FLIGHT];" for x in xs)
+                fill = " ".join(f"{x}_[u] = t < {tiles} ? {load(c)} : 0.0f;" for c, x in enumerate(xs))
+                take = " ".join(f"float {x} = {x}_[u];" for x in xs)
+                merge.append(f"for (int t0 = lane; t0 < {tiles}; t0 += {lanes} * FOLD_IN_FLIGHT) {{ {batch}")
+                merge.append(f"  _Pragma(\"unroll\") for (int u = 0; u < FOLD_IN_FLIGHT; ++u) {{ const int t = t0 + u * {lanes}; {fill} }}")
+                merge.append(f"  _Pragma(\"unroll\") for (int u = 0; u < FOLD_IN_FLIGHT; ++u) {{ if (t0 + u * {lanes} < {tiles}) {{ {take} {step} }} }}")
+                merge.append("}")
+            else:
+                merge.append(f"for (int t = lane; t < {tiles}; t += {lanes}) {{ {loads} {step} }}")
+            merge.append(f"for (int o = {first}; o > 0; o >>= 1) {{ {shuffles} {step} }}")
             result = r.cxx_finalize.format(**{f"a{c}": a for c, a in enumerate(accs)})
             if r.by_width:
                 result = f"({result} / {scalar(str(v.attrs['width']), v.attrs['width'])})"

@@ -18,6 +18,7 @@ from ..version import __version__
 from ..deep import run_deep
 from ..ir.core import Program
 from ..plan import config as config_mod
+from ..plan import planner
 from . import combine, cxx, evt, functor
 from .unit import Unit
 
@@ -96,12 +97,23 @@ def specs(program: Program, configs: dict[str, config_mod.KernelConfig]) -> list
 
 
 def _specs(program: Program, configs) -> list:
-    return [evt.lower_gemm(program, k, configs[k.name]) if k.kind == "gemm" else combine.lower_combine(program, k)
-            for k in program.kernels]
+    folded = planner.folds(program, configs)
+    out = []
+    for k in program.kernels:
+        if k.kind == "gemm":
+            tail = next((c for c in program.kernels if folded.get(c.name) == k.name), None)
+            out.append(evt.lower_gemm(program, k, configs[k.name],
+                                      combine.lower_combine(program, tail, folded=True) if tail else None))
+        elif k.name not in folded:
+            out.append(combine.lower_combine(program, k))
+    return out
+
+
 
 
 def units(program: Program, configs: dict[str, config_mod.KernelConfig]) -> list[tuple[object, Unit]]:
-    """(spec, translation unit) for every kernel of a rewritten program."""
+    """(spec, translation unit) for every kernel of a rewritten program that launches (a folded
+    combine kernel has none: it runs inside its gemm's unit)."""
     out = []
     for spec in specs(program, configs):
         if isinstance(spec, evt.KernelSpec):
@@ -133,3 +145,6 @@ def rows(program: Program, sizes: dict | None) -> int:
         return DEFAULT_M
     from .. import sizes as sizes_mod
     return sizes_mod.evaluate(program.kernels[0].rows, sizes)
+
+
+folds = planner.folds     # which combine kernels run inside their gemm (combine=fold)

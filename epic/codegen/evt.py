@@ -27,6 +27,7 @@ from ..shapes import Kind
 from . import functor as fn
 from .cxx import identifier
 from .nodes import LEAVES, ROOTS, STORES, Node, Pointer, Scalar, find, no_implementation
+from .nodes.fold import add_fold
 
 
 @dataclass
@@ -49,6 +50,9 @@ class KernelSpec:
     scalars: list[Scalar]
     descriptors: list[tuple[str, str, str]] = field(default_factory=list)   # aux node smem helpers
     headers: list[str] = field(default_factory=list)                        # custom node headers
+    # (launch pointer index, C++ byte count from the sizes): zeroed per-stream scratch that the library
+    # puts in that pointer slot (the caller passes null); a launch leaves it zeroed
+    scratch: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def schedule_types(self) -> tuple[str, str]:
@@ -66,8 +70,8 @@ class KernelSpec:
 class Builder:
     """The kernel under construction; node implementations add to it."""
 
-    def __init__(self, program: Program, k: GemmKernel, cfg: KernelConfig):
-        self.program, self.k, self.cfg = program, k, cfg
+    def __init__(self, program: Program, k: GemmKernel, cfg: KernelConfig, tail=None):
+        self.program, self.k, self.cfg, self.tail = program, k, cfg, tail
         self.nodes: list[Node] = []
         self.functors: list[str] = []
         self.pointers: list[Pointer] = []
@@ -78,6 +82,16 @@ class Builder:
         self.shared: set[int] = set()
         self.element_d, self.align_d = "void", 8
         self.aux_elements: list[str] = []     # element types of the aux stores (size a void D's smem)
+        self.scratch: list[tuple[int, str]] = []
+
+    def scratch_pointer(self, role: str, bytes_expr: str, note: str) -> str:
+        """A launch pointer the caller passes as null and the library fills with zeroed per-stream
+        scratch of bytes_expr bytes (C++ over sizes[0] = M, sizes[1] = N); its C++ expression."""
+        expr = self.pointer(role, "", dtypes.I32, note)
+        self.scratch.append((len(self.pointers) - 1, bytes_expr))
+        if "epic_nodes/stream_scratch.hpp" not in self.headers:
+            self.headers.append("epic_nodes/stream_scratch.hpp")
+        return expr
 
     # ------------------------------------------------------------------ what node implementations call
     def add(self, impl, type_: str, args: str, inputs: list[int], comment: str) -> int:
@@ -202,6 +216,8 @@ class Builder:
             self.nodes.insert(0, Node("AccFetch", "Sm90AccFetch", "{}", [], "unused (the visitor needs 3 ops)"))
             for n in self.nodes[1:]:
                 n.inputs = [i + 1 for i in n.inputs]
+        if self.tail is not None:
+            add_fold(self, self.tail)
         aux = self.aux_elements[0] if self.aux_elements else dtypes.BF16.cutlass
         return KernelSpec(
             name=k.name, symbol=identifier(k.name), config=cfg,
@@ -209,7 +225,7 @@ class Builder:
             element_a=a.dtype.cutlass, element_b=b.dtype.cutlass, align_a=128 // a.dtype.bits,
             align_b=128 // b.dtype.bits, element_d=self.element_d, align_d=self.align_d, aux_element=aux,
             functors=self.functors, nodes=self.nodes, pointers=self.pointers, scalars=self.scalars,
-            descriptors=self.descriptors, headers=self.headers)
+            descriptors=self.descriptors, headers=self.headers, scratch=self.scratch)
 
     def _shared_values(self, roots: list[Value]) -> set[int]:
         """Costly values reached from two or more outputs: compute once, as a node of their own."""
@@ -257,5 +273,6 @@ def _reach(starts) -> list[Value]:
     return list(seen.values())
 
 
-def lower_gemm(program: Program, k: GemmKernel, cfg: KernelConfig) -> KernelSpec:
-    return Builder(program, k, cfg).build()
+def lower_gemm(program: Program, k: GemmKernel, cfg: KernelConfig, tail=None) -> KernelSpec:
+    """tail: the CombineSpec (lowered folded) of a row combine kernel that runs inside this gemm."""
+    return Builder(program, k, cfg, tail).build()

@@ -8,6 +8,9 @@ SCHEDULES = ("cooperative", "pingpong")
 AUX_LOADS = ("tma", "direct")
 RASTERS = ("heuristic", "m", "n")     # CUTLASS RasterOrderOptions: Heuristic, AlongM, AlongN
 SWIZZLES = (1, 2, 4, 8)
+# where a row statistic's per-tile partials are merged: a combine kernel launched after the gemm, or
+# the gemm itself ("fold": the last CTA to finish a row of tiles merges that row block in tile order)
+COMBINES = ("kernel", "fold")
 # split-K: the K loop of every output tile divided among this many CTAs, reduced in a fixed order
 # (CUTLASS's stream-K tile scheduler in its split-K mode, deterministic reduction)
 SPLITS = (1, 2, 3, 4, 6, 8)
@@ -19,7 +22,7 @@ CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2))
 # options written as sizes: name -> (allowed numbers of parts, example)
 SIZE_OPTIONS = {"tile": ((2, 3), "128x128x64"), "cluster": ((2,), "2x1"), "epi_tile": ((2,), "128x64")}
 # options chosen from a set: name -> the spellings
-CHOICE_OPTIONS = {"schedule": SCHEDULES, "aux_load": AUX_LOADS, "raster": RASTERS,
+CHOICE_OPTIONS = {"schedule": SCHEDULES, "aux_load": AUX_LOADS, "raster": RASTERS, "combine": COMBINES,
                   "swizzle": tuple(str(s) for s in SWIZZLES), "splits": tuple(str(s) for s in SPLITS)}
 INT_OPTIONS = ("swizzle", "splits")
 # options that change what the program computes, not how fast: the file says them, a call cannot
@@ -51,10 +54,13 @@ def value_problem(key: str, value) -> str | None:
 
 
 def combination_problems(schedule: str, tile: tuple[int, int, int], epi_tile: tuple[int, int] | None,
-                         splits: int = 1) -> list[str]:
+                         splits: int = 1, combine: str = "kernel") -> list[str]:
     """What CUTLASS's sm90 schedules refuse in a complete configuration."""
     m, n, _ = tile
     out = []
+    if splits > 1 and combine == "fold":
+        out.append(f"combine=fold does not work with splits={splits} (the split-K scheduler's epilogue is not "
+                   "the one that merges a row block); use combine=kernel")
     if splits > 1 and schedule != "cooperative":
         out.append(f"splits={splits} needs the cooperative schedule (CUTLASS's pingpong kernel has no split-K "
                    "tile scheduler)")

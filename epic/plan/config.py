@@ -4,7 +4,10 @@ overridable in the file (`gemm g(...) with tile=128x128x64, schedule=pingpong`) 
 Heuristic (measured on the H200 with bench/bench.py and bench/interleaved.py; docs/PERFORMANCE.md):
   M <= 256     pingpong 64x64x64, cluster 1x1      decode: 64x64 tiles put 64 CTAs on N = 4096 where
                                                    64x128 puts 32 (1.25x vs 1.41x cuBLAS for
-                                                   resid_norm at M = 64, 1.03x vs 1.17x plain)
+                                                   resid_norm at M = 64, 1.03x vs 1.17x plain);
+                                                   1x128 blocks: cluster 1x2, the two CTAs share
+                                                   each block (not a 64x128 tile); N over 16384:
+                                                   64x128 (SMALL_M_WIDE)
   otherwise    pingpong 128x128x64, cluster 2x1  prefill: the epilogue of one warp group overlaps
                (128x192 where N is a multiple    the other's mainloop (LARGE_M, WIDE_N below)
                of 192 or over 16384), swizzle 8
@@ -41,6 +44,9 @@ class KernelConfig:
     # partial accumulators are added in a fixed order before the epilogue runs once, on the last.
     # The number is a launch argument; splits > 1 builds the kernel with CUTLASS's stream-K scheduler.
     splits: int = 1
+    # a row statistic's combine kernel: launched after the gemm ("kernel"), or folded into the gemm's
+    # epilogue ("fold": the last CTA of each row block merges its partials; no second launch)
+    combine: str = "kernel"
 
     @property
     def raster_code(self) -> int:
@@ -60,14 +66,16 @@ class KernelConfig:
                 + (f" epilogue {self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else "")
                 + (f" swizzle {self.swizzle}" if self.swizzle != 1 else "")
                 + (f" raster {self.raster}" if self.raster != "heuristic" else "")
-                + (f" splits {self.splits}" if self.splits != 1 else ""))
+                + (f" splits {self.splits}" if self.splits != 1 else "")
+                + (f" combine={self.combine}" if self.combine != "kernel" else ""))
 
     def key(self) -> str:
         """Names the built kernel: only what changes the code (not swizzle/raster/the split count)."""
         return (f"{self.schedule[:4]}_{'x'.join(map(str, self.tile))}_c{self.cluster[0]}x{self.cluster[1]}"
                 + (f"_{self.aux_load}" if self.aux_load != "tma" else "")
                 + (f"_e{self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else "")
-                + ("_splitk" if self.split_k else ""))
+                + ("_splitk" if self.split_k else "")
+                + ("_fold" if self.combine == "fold" else ""))
 
     @property
     def split_k(self) -> bool:
@@ -84,7 +92,9 @@ def problems(cfg: KernelConfig) -> list[str]:
         out.append(f"aux_load must be one of {', '.join(AUX_LOADS)}")
     if cfg.raster not in RASTERS:
         out.append(f"raster must be one of {', '.join(RASTERS)}")
-    return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits)
+    if cfg.combine not in vocab.COMBINES:
+        out.append(f"combine must be one of {', '.join(vocab.COMBINES)}")
+    return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits, cfg.combine)
 
 
 def validate(cfg: KernelConfig, where: str = "", span=None) -> KernelConfig:
@@ -158,6 +168,10 @@ LARGE_M = [KernelConfig("pingpong", (128, 128, 64), (2, 1), swizzle=8),
            KernelConfig("cooperative", (128, 64, 64), (2, 1), swizzle=8),
            KernelConfig("pingpong", (64, 64, 64), (1, 1), swizzle=8)]
 SMALL_M = [KernelConfig("pingpong", (64, 64, 64), (1, 1))]
+# Decode with N over WIDE: 64x128 (bench/results/2026-12-01-h200-interleaved-wide-fold-64.json, M = 64,
+# against 64x64): cross entropy (N = 128256) 0.950 / 1.004, gate/up identity (28672) 1.002 / 1.023,
+# SwiGLU 1.013 / 1.025; at N = 14336 the two are within the noise (bias + GELU 1.011 / 1.016).
+SMALL_M_WIDE = [KernelConfig("pingpong", (64, 128, 64), (1, 1))]
 # Tiles 192 wide where N is a multiple of 192 or very wide, same run, against pingpong 128x128:
 #   N = 6144 identity 0.974 / 0.989, RoPE 0.982 / 0.991; N = 28672 (gate/up) identity 1.001 / 1.284,
 #   SwiGLU 1.002 / 1.259; N = 128256 cross entropy 0.972 / 0.997. Not at N = 4096 (1.160 / 0.990) or
@@ -170,9 +184,21 @@ def _wide(n: int | None) -> bool:
     return n is not None and (n > WIDE or n % 192 == 0)
 
 
-def _with_blocks(cfg: KernelConfig, blocks) -> KernelConfig:
-    for b in blocks or ():
-        if cfg.tile_n % b:   # powers of two: only a block wider than the tile fails to divide it
+def split_block(cfg: KernelConfig, block: int) -> bool:
+    """A 1xB block split over the two CTAs of a 1x2 cluster (the tile half a block wide): each reduces
+    its half and the two exchange them (templates/nodes/epic_nodes/detail.hpp, exchange_halves)."""
+    return cfg.tile_n * 2 == block and tuple(cfg.cluster) == (1, 2) and not cfg.split_k
+
+
+def _with_blocks(cfg: KernelConfig, blocks, split: bool = False) -> KernelConfig:
+    """The tile widened to every block that does not divide it; with split (decode), a block twice the
+    tile's width is shared by a 1x2 cluster's two CTAs instead: twice the CTAs of a block-wide tile."""
+    for b in sorted(blocks or ()):
+        if cfg.tile_n % b == 0 or split_block(cfg, b):   # powers of two: only a wider block fails to divide
+            continue
+        if split and cfg.tile_n * 2 == b and tuple(cfg.cluster) == (1, 1):
+            cfg = replace(cfg, cluster=(1, 2))
+        else:
             cfg = KernelConfig(cfg.schedule, (cfg.tile_m, b, cfg.tile[2]), cfg.cluster, swizzle=cfg.swizzle,
                                splits=cfg.splits)
     return cfg
@@ -182,7 +208,8 @@ def heuristic(m: int, blocks: set[int] | None = None, kernel=None, tensors: dict
               n: int | None = None) -> KernelConfig:
     """n: the gemm's N where the sizes are known (None: not a wide one)."""
     large = WIDE_N + LARGE_M if _wide(n) else LARGE_M
-    ladder = [_with_blocks(c, blocks) for c in (SMALL_M if m <= 256 else large)]
+    small = SMALL_M_WIDE + SMALL_M if n is not None and n > WIDE else SMALL_M
+    ladder = [_with_blocks(c, blocks, split=m <= 256) for c in (small if m <= 256 else large)]
     if kernel is not None:
         for cfg in ladder:
             if fits(kernel, tensors, _block_epilogue(cfg, blocks)):
@@ -208,7 +235,7 @@ def _block_epilogue(cfg: KernelConfig, blocks) -> KernelConfig:
     """A 1xB block must not span two epilogue subtiles (CUTLASS's automatic one is 32 columns wide):
     an epilogue tile as wide as the largest block (free for 8-bit outputs; tests/probes/README.md)."""
     if blocks and cfg.epi_tile is None:
-        width = max(max(blocks), 32)
+        width = cfg.tile_n if any(split_block(cfg, b) for b in blocks) else max(max(blocks), 32)
         if cfg.tile_n % width == 0:
             return replace(cfg, epi_tile=(128 if cfg.schedule == "cooperative" else 64, width))
     return cfg
@@ -218,11 +245,15 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
     """The configuration of one gemm: call-time override > options in the file > heuristic (the
     first configuration of its ladder whose shared memory leaves the mainloop 2 stages).
     n: the gemm's N where the sizes are known (the heuristic takes wide tiles for some)."""
-    cfg = heuristic(m, block_sizes(kernel), kernel, tensors, n)
+    blocks = block_sizes(kernel)
+    cfg = heuristic(m, blocks, kernel, tensors, n)
+    split_cluster = any(split_block(cfg, b) for b in blocks)   # the heuristic's 1x2 cluster shares blocks
     tile_fixed = False      # a tile the file or the call chose is kept (a bad combination is E216)
     schedule_fixed = False  # so is a schedule
+    cluster_fixed = False
     for source in (kernel.options, override or {}):
         if source:
+            cluster_fixed = cluster_fixed or "cluster" in source
             tile = tuple(source.get("tile", cfg.tile))
             tile_fixed = tile_fixed or "tile" in source
             splits = int(source.get("splits", cfg.splits))
@@ -235,8 +266,12 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
             epi = source.get("epi_tile", cfg.epi_tile)
             cfg = KernelConfig(schedule, tile, tuple(source.get("cluster", cfg.cluster)),
                                source.get("aux_load", cfg.aux_load), tuple(epi) if epi else None,
-                               int(source.get("swizzle", cfg.swizzle)), source.get("raster", cfg.raster), splits)
-    blocks = block_sizes(kernel)
+                               int(source.get("swizzle", cfg.swizzle)), source.get("raster", cfg.raster), splits,
+                               source.get("combine", cfg.combine))
+    if split_cluster and not cluster_fixed and not any(split_block(cfg, b) for b in blocks):
+        cfg = replace(cfg, cluster=(1, 1))     # an override made the tile (or split-K) leave the blocks whole
+    if not tile_fixed:
+        cfg = _with_blocks(cfg, blocks)        # ... or made the tile narrower than a block: widen it
     cfg = _block_epilogue(cfg, blocks)
     cfg = validate(cfg, f"gemm '{kernel.name}'", getattr(kernel, "span", None))
     if not fits(kernel, tensors, cfg):
@@ -246,10 +281,16 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
                     kernel.span, "store fewer tiles in this gemm (split its outputs over two gemms), store them in "
                     "a narrower type, or choose a smaller tile or epilogue tile (with tile=..., epi_tile=...)")
     for b in blocks:
-        if cfg.tile_n % b:
+        split = split_block(cfg, b)
+        if cfg.tile_n % b and not split:
             raise error("E404", f"gemm '{kernel.name}': block size {b} does not divide the tile width {cfg.tile_n}",
-                        kernel.span, "pick a tile width that is a multiple of the block size")
-        if cfg.epi_tile and cfg.epi_tile[1] % b:     # a block is reduced within one epilogue subtile
+                        kernel.span, "pick a tile width that is a multiple of the block size, or half of it with "
+                        "cluster=1x2 (the cluster's two CTAs then share each block)")
+        if split and cfg.epi_tile and cfg.epi_tile[1] != cfg.tile_n:
+            raise error("E404", f"gemm '{kernel.name}': a block of {b} shared by a 1x2 cluster needs the epilogue "
+                        f"tile as wide as the CTA tile ({cfg.tile_n}), not {cfg.epi_tile[1]}", kernel.span,
+                        f"leave epi_tile out, or give it {cfg.tile_n} columns")
+        if not split and cfg.epi_tile and cfg.epi_tile[1] % b:     # a block is reduced within one epilogue subtile
             raise error("E404", f"gemm '{kernel.name}': block size {b} does not divide the epilogue tile width "
                         f"{cfg.epi_tile[1]}", kernel.span,
                         f"pick an epilogue tile width that is a multiple of {b}, or leave epi_tile out")

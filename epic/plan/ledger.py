@@ -21,7 +21,7 @@ from ..ir import primitives as P
 from ..ir.core import Program, Value
 from ..passes.defer_row_scale import SUFFIX
 from ..shapes import Kind
-from .planner import Plan
+from .planner import Plan, folds
 
 
 def _is_source(v: Value) -> bool:
@@ -152,10 +152,13 @@ def render(plan: Plan, source: Program) -> str:
     sizes = ", ".join(f"{k}={v}" for k, v in plan.sizes.items())
     out = [f"plan for {plan.program.name} at {sizes}", ""]
     out.append("kernels (in launch order):")
+    folded = folds(plan.program, plan.configs)
     for i, step in enumerate(plan.steps, 1):
         k = step.kernel
         cfg = f"  [{step.config}]" if step.config else ""
         desc = f"gemm {k.a} @ {k.b}" if k.kind == "gemm" else _combine_desc(k)
+        if k.name in folded:
+            desc += f", folded into {folded[k.name]} (combine=fold: its last CTA per row block runs it, no launch)"
         out.append(f"  {i}. {k.name}: {desc}{cfg}")
         if k.kind == "gemm":
             partial = [s for s in k.stores if s.value.kind is Kind.PARTIAL]

@@ -100,3 +100,15 @@ def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict
             buffers[r].readers.append(k.name)
         steps.append(Step(k, configs.get(k.name), reads, writes))
     return Plan(program, sizes, steps, buffers, configs)
+
+
+def folds(program: Program, configs: dict[str, config_mod.KernelConfig]) -> dict[str, str]:
+    """The combine kernels that run inside their gemm -> that gemm: a row combine right after the gemm
+    whose partials it merges, where the gemm's configuration says combine=fold. Any other combine
+    kernel (a column or whole-tensor one, or one after another kernel) keeps its own launch."""
+    out = {}
+    for prev, k in zip(program.kernels, program.kernels[1:]):
+        if (k.kind == "combine" and k.axis == "row" and prev.kind == "gemm" and k.source == prev.name
+                and configs[prev.name].combine == "fold"):
+            out[k.name] = prev.name
+    return out

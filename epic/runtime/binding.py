@@ -57,10 +57,15 @@ class Bound:
 
 
 def bind(plan: planner.Plan, libraries: list, device: torch.device) -> Bound:
-    """libraries: (spec, KernelLibrary) per kernel of the plan's program, in order."""
+    """libraries: (spec, KernelLibrary) per launched kernel of the plan's program, in order (a combine
+    kernel folded into its gemm has none)."""
     program, sizes = plan.program, plan.sizes
     launches = []
-    for (spec, lib), k in zip(libraries, program.kernels):
+    by_name = {spec.name: (spec, lib) for spec, lib in libraries}
+    for k in program.kernels:
+        if k.name not in by_name:
+            continue
+        spec, lib = by_name[k.name]
         m, n = sizes_mod.evaluate(k.rows, sizes), sizes_mod.evaluate(k.n, sizes)
         if isinstance(spec, evt.KernelSpec):
             cfg = plan.configs[k.name]

@@ -16,7 +16,8 @@ _STATUS = {1: "misaligned operand", 2: "invalid data type", 3: "invalid layout",
            5: "not supported", 6: "workspace null", 7: "internal error (the launch failed)",
            8: "architecture mismatch", 9: "insufficient driver", 10: "memory allocation", 11: "invalid",
            -1: "null argument", -2: "workspace too small", -3: "CUDA error while querying the device",
-           -4: "the device is not sm_90 (Hopper)"}
+           -4: "the device is not sm_90 (Hopper)",
+           -5: "could not allocate the kernel's per-stream scratch (cudaMalloc failed)"}
 
 
 class KernelLibrary:

@@ -49,6 +49,8 @@ def override(cfg: config_mod.KernelConfig) -> dict:
         out["aux_load"] = cfg.aux_load
     if cfg.splits != 1:
         out["splits"] = cfg.splits
+    if cfg.combine != "kernel":
+        out["combine"] = cfg.combine
     return out
 
 

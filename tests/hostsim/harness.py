@@ -48,7 +48,8 @@ def compiled(path: str):
 def overrides(configs: dict) -> dict[str, dict]:
     """Per-gemm overrides that make the plan use exactly these configurations."""
     return {name: dict(tile=c.tile, schedule=c.schedule, cluster=c.cluster, aux_load=c.aux_load,
-                       epi_tile=c.epi_tile, swizzle=c.swizzle, raster=c.raster) for name, c in configs.items()}
+                       epi_tile=c.epi_tile, swizzle=c.swizzle, raster=c.raster, combine=c.combine)
+            for name, c in configs.items()}
 
 
 @dataclass

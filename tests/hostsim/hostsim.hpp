@@ -12,11 +12,13 @@
 // that lets them reach a stored or reduced element fails the comparison.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <type_traits>
 #include <vector>
 
@@ -70,6 +72,7 @@ inline float int_as_float_(int u) { float x; std::memcpy(&x, &u, 4); return x; }
 #define __shfl_down_sync(mask, ...) hostsim::shfl_down(__VA_ARGS__)
 #define __shfl_up_sync(mask, ...) hostsim::shfl_up(__VA_ARGS__)
 #define __syncwarp(...) ((void)0)
+#define __ldcg(p) (*(p))
 
 namespace hostsim {
 
@@ -312,6 +315,9 @@ void store_d(ElementD* D, Fragment const& f, Problem p, Frag<T> const& x) {
 // block-scaled root does); end(tile).
 struct Node {
   Problem problem;
+  // runs of the whole tile loop a launch needs: 2 for nodes whose split blocks take the other half
+  // from the tile after them (the first run records the halves, the second uses them)
+  static constexpr int passes = 1;
   void begin(Tile const&) {}
   template <class ElementD, class Result>
   void reduce(Tile const&, std::vector<Fragment> const&, std::vector<Result>&) {}
@@ -568,6 +574,39 @@ struct RowLsePartial : Node {
   }
 };
 
+// epic_nodes::Sm90RowFold: counts each tile in its row block; the tile that completes a block (on
+// the host, the block's last column tile) runs the folded combine, Tail::row, for every row of the
+// block, its threads as warps of lanes (shuffles emulated), as many as a pingpong epilogue has (128,
+// 256 for 256-row tiles): 128 / TileM lanes per row. The counters argument (null: the library's own)
+// is not used; this node keeps its own, which start at 0 each launch, as the library's do.
+template <class TileShape, class Tail>
+struct RowFold : Node {
+  struct Arguments {
+    int* counters = nullptr;
+    void* ptrs[Tail::kNumPtrs > 0 ? Tail::kNumPtrs : 1] = {};
+    float scalars[Tail::kNumScalars > 0 ? Tail::kNumScalars : 1] = {};
+  };
+  Arguments args;
+  std::vector<int> count;    // tiles done per row block
+  RowFold(Arguments const& a, Problem p) : Node{p}, args(a), count(size_t(ceil_div(p.M, TileShape::M)), 0) {}
+  template <class T>
+  Frag<T> visit(Fragment const&, Frag<T> const& in) { return in; }
+  void end(Tile const& t) {
+    const int tiles_n = ceil_div(problem.N, t.tile_n);
+    if (++count[t.m_index] != tiles_n) return;
+    count[t.m_index] = 0;
+    constexpr int Threads = TileShape::M <= 128 ? 128 : 256;
+    constexpr int Lanes = Threads / TileShape::M;
+    const long long rows_padded = (long long)ceil_div(problem.M, t.tile_m) * t.tile_m;
+    const int M = problem.M;
+    launch(dim3(1), dim3(Threads), 0, nullptr, [&] {
+      const int thread = int(cuda_builtins::threadIdx.x);
+      for (int r = thread / Lanes; r < t.tile_m; r += Threads / Lanes)
+        Tail::template row<Lanes>(t.m0 + r, thread % Lanes, M, tiles_n, rows_padded, args.ptrs, args.scalars);
+    });
+  }
+};
+
 // epic_nodes::Sm90PackedInt4Store: column pairs (2k, 2k + 1) of a row, rounded to integers, packed
 // into one byte (low nibble = even column) at ptr[m * (N / 2) + n / 2]; in-bounds pairs only.
 struct PackedInt4Store : Node {
@@ -603,6 +642,28 @@ inline float pow2_ceil(float s) {
 // ceil(N / Block) + g], 1: [g * round_up(M, 4) + m]); q = x / s clamped to [-qmax, qmax] (Output 1:
 // [-8, 7]), rounded half to even for integer outputs (NaN -> 0) and kept NaN for float ones. Output 0:
 // q is what the collective stores as D; Output 1: pairs packed into int4 bytes at ptr_q.
+// Split blocks (tile N = Block / 2, the GPU's 1x2 cluster pair): the halves of each (row, block)
+// statistic, kept across the launch's two passes. A tile merges its half with the other tile's, as
+// detail::exchange_halves does on the GPU (merge(left, right); a right half past N counts as absent);
+// in the first pass the half after it is not known yet (identity), in the second it is.
+struct SplitHalves {
+  std::map<long long, float> half;
+  template <int Block, class Merge>
+  void exchange(Tile const& t, Problem p, std::vector<float>& stat, float identity, Merge const& merge) {
+    const int g = t.n0 / Block;
+    const bool right = t.n0 % Block != 0;
+    const long long segs = ceil_div(p.N, Block);
+    for (int r = 0; r < t.tile_m; ++r) {
+      const long long key = ((long long)(t.m0 + r) * segs + g) * 2;
+      half[key + right] = stat[size_t(r)];
+      if (g * Block + t.tile_n >= p.N) continue;                       // no right half
+      auto other = half.find(key + !right);
+      const float o = other == half.end() ? identity : other->second;
+      stat[size_t(r)] = right ? merge(o, stat[size_t(r)]) : merge(stat[size_t(r)], o);
+    }
+  }
+};
+
 template <int Block, class ElementScale, bool Pow2, int ScaleLayout, int Output>
 struct BlockScale : Node {
   struct Arguments {
@@ -610,8 +671,11 @@ struct BlockScale : Node {
     float qmax = 0.f;
     float floor = 0.f;
     uint8_t* ptr_q = nullptr;
+    uint64_t* pair_slots = nullptr;   // split blocks: the library's own (null here: see SplitHalves)
   };
+  static constexpr int passes = 2;
   Arguments args;
+  SplitHalves halves;
   BlockScale(Arguments const& a, Problem p) : Node{p}, args(a) {}
 
   template <class T>
@@ -620,17 +684,18 @@ struct BlockScale : Node {
   template <class ElementD>
   void reduce(Tile const& t, std::vector<Fragment> const& frags, std::vector<Frag<float>>& results) {
     constexpr bool integer = Output == 1 || std::is_integral_v<ElementD>;
-    int segments = t.tile_n / Block;
+    int segments = std::max(1, t.tile_n / Block);     // split blocks: one half segment per tile
     std::vector<float> amax(size_t(t.tile_m) * segments, 0.0f), scale(amax.size());
     auto slot = [&](Fragment const& f, int i) { return size_t(f.m[i] - t.m0) * segments + (f.n[i] - t.n0) / Block; };
     for (size_t v = 0; v < frags.size(); ++v)
       for (int i = 0; i < kFrag; ++i)
         if (frags[v].inside[i]) amax[slot(frags[v], i)] = std::fmax(amax[slot(frags[v], i)], std::fabs(results[v][i]));
+    if (t.tile_n < Block) halves.exchange<Block>(t, problem, amax, 0.f, [](float a, float b) { return std::fmax(a, b); });
     for (size_t k = 0; k < amax.size(); ++k) {
       float s = std::fmax(amax[k], args.floor) / args.qmax;
       scale[k] = Pow2 ? pow2_ceil(s) : s;
       int m = t.m0 + int(k) / segments, g = t.n0 / Block + int(k) % segments;
-      if (args.ptr_scale != nullptr && m < problem.M && g * Block < problem.N) {
+      if (args.ptr_scale != nullptr && m < problem.M && g * Block < problem.N && t.n0 % Block == 0) {
         size_t segs_n = size_t(ceil_div(problem.N, Block)), m_pad4 = size_t(ceil_div(problem.M, 4)) * 4;
         size_t at = ScaleLayout == 0 ? size_t(m) * segs_n + g : size_t(g) * m_pad4 + m;
         args.ptr_scale[at] = convert<ElementScale>(scale[k]);
@@ -663,17 +728,20 @@ template <int Block, class Fn, bool Divide, class ElementScale>
 struct BlockReduceScale : Node {
   struct Arguments {
     ElementScale* ptr_scale = nullptr;
+    uint64_t* pair_slots = nullptr;   // split blocks: the library's own (null here: see SplitHalves)
   };
+  static constexpr int passes = 2;
+  SplitHalves halves;
   Arguments args;
   std::vector<float> stat;
   Tile tile{};
   BlockReduceScale(Arguments const& a, Problem p) : Node{p}, args(a) {}
 
-  size_t slot(int m, int n) const { return size_t(m - tile.m0) * (tile.tile_n / Block) + (n - tile.n0) / Block; }
+  size_t slot(int m, int n) const { return size_t(m - tile.m0) * std::max(1, tile.tile_n / Block) + (n - tile.n0) / Block; }
 
   void begin(Tile const& t) {
     tile = t;
-    stat.assign(size_t(t.tile_m) * (t.tile_n / Block), Fn::identity());
+    stat.assign(size_t(t.tile_m) * std::max(1, t.tile_n / Block), Fn::identity());
   }
 
   template <class Y, class Z>
@@ -686,11 +754,12 @@ struct BlockReduceScale : Node {
   template <class ElementD>
   void reduce(Tile const& t, std::vector<Fragment> const& frags, std::vector<Frag<float>>& results) {
     std::vector<float> scale(stat.size());
-    int segments = t.tile_n / Block;
+    int segments = std::max(1, t.tile_n / Block);
+    if (t.tile_n < Block) halves.exchange<Block>(t, problem, stat, Fn::identity(), [](float a, float b) { Fn::merge(a, b); return a; });
     for (size_t k = 0; k < stat.size(); ++k) {
       scale[k] = Fn::finalize(stat[k]);
       int m = t.m0 + int(k) / segments, g = t.n0 / Block + int(k) % segments;
-      if (args.ptr_scale != nullptr && m < problem.M && g * Block < problem.N)
+      if (args.ptr_scale != nullptr && m < problem.M && g * Block < problem.N && t.n0 % Block == 0)
         args.ptr_scale[size_t(m) * size_t(ceil_div(problem.N, Block)) + g] = convert<ElementScale>(scale[k]);
     }
     for (size_t v = 0; v < frags.size(); ++v)

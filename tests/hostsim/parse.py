@@ -152,14 +152,21 @@ class NodeDecl:
         return split_top(self.init.strip()[1:-1])
 
     @property
-    def pointer_fields(self) -> dict[int, int]:
-        """Initializer field -> the launch pointer p[i] it names."""
-        out = {}
+    def pointer_fields(self) -> dict:
+        """Initializer field -> the launch pointer p[i] it names; a field that is a braced list of
+        pointers (a folded combine's) gives one entry per element, keyed "field.element"."""
+        out: dict = {}
         for f, text in enumerate(self.fields):
             found = re.findall(r"\bp\[(\d+)\]", text)
-            if len(found) > 1:
+            if len(found) > 1 and text.strip().startswith("{"):
+                for j, item in enumerate(split_top(text.strip()[1:-1])):
+                    one_ = re.findall(r"\bp\[(\d+)\]", item)
+                    if len(one_) != 1:
+                        raise SourceFormatError(f"node {self.index}: element {j} of field {f} is not one pointer: {item}")
+                    out[f"{f}.{j}"] = int(one_[0])
+            elif len(found) > 1:
                 raise SourceFormatError(f"node {self.index}: field {f} names several pointers: {text}")
-            if found:
+            elif found:
                 out[f] = int(found[0])
         return out
 
@@ -201,8 +208,8 @@ def _type_name_and_args(type_text: str) -> tuple[str, list[str]]:
 
 def _functors(text: str) -> list[str]:
     out = []
-    # element-wise functors (epic_fnN) and block-statistic functors (epic_blockN)
-    for m in re.finditer(r"(?:template\s*<\s*class\s+T\s*>\s*)?struct\s+epic_(?:fn|block)\d+\s*\{", text):
+    # element-wise functors (epic_fnN), block-statistic functors (epic_blockN), a folded combine (epic_fold_tail)
+    for m in re.finditer(r"(?:template\s*<\s*class\s+T\s*>\s*)?struct\s+epic_(?:fn\d+|block\d+|fold_tail)\s*\{", text):
         end = matching(text, m.end() - 1)
         semi = text.index(";", end)
         out.append(text[m.start():semi + 1])

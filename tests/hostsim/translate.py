@@ -79,6 +79,8 @@ def gemm(src: GemmSource, namespace: str) -> str:
     each = [f"    node{n.index}" for n in src.nodes]
     out += ["  // every tile: visit each fragment along the edges; the nodes' reduce hooks see the root's",
             "  // results of the tile (and may rewrite them) before the collective stores them as D",
+            f"  constexpr int passes = std::max({{{', '.join(f'Node{n.index}::passes' for n in src.nodes)}}});",
+            "  for (int pass = 0; pass < passes; ++pass)",
             "  hostsim::for_each_tile(problem, TileShape::M, TileShape::N, [&](hostsim::Tile const& tile) {",
             *[f"{e}.begin(tile);" for e in each],
             "    auto visit = [&](hostsim::Fragment const& f) {",

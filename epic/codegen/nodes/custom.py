@@ -140,7 +140,7 @@ class _BlockScale(NodeImpl):
             b.aux_elements.append("uint8_t")
             q_arg = f"static_cast<uint8_t*>({pq})"
         return b.add(cls, f"epic_nodes::Sm90BlockScale<{block}, {el}, false, 0, {cls.output}>",
-                     f"{{{scale_arg}, {literal(qmax)}, {literal(floor)}, {q_arg}}}", [src],
+                     f"{{{scale_arg}, {literal(qmax)}, {literal(floor)}, {q_arg}{_pair_slots(b, block)}}}", [src],
                      f"1x{block} block scale -> {t.name}" + (f", scales {scales[0].tensor}" if scales else ""))
 
 
@@ -152,6 +152,18 @@ def _block_values_pointer(b, stores: list, note: str) -> tuple[str, str]:
     t = b.program.tensors[stores[0].tensor]
     p = b.pointer("block_scale", t.name, t.dtype, note)
     return t.dtype.cutlass, f"static_cast<{t.dtype.cutlass}*>({p})"
+
+
+def _pair_slots(b, block: int) -> str:
+    """Split segments (the tile half a block wide, a 1x2 cluster: codegen checks the configuration in
+    plan/config.py): the Arguments field of the pair exchange's words, ", ptr"; else nothing."""
+    if b.cfg.tile_n >= block:
+        return ""
+    tm = b.cfg.tile_m
+    p = b.scratch_pointer("pair_slots", f"(long long)((sizes[0] + {tm} - 1) / {tm} * {tm}) * "
+                          f"((sizes[1] + {block} - 1) / {block}) * 16",
+                          "null: the library's own per-stream words for the split blocks' exchange")
+    return f", static_cast<uint64_t*>({p})"
 
 
 def floor_ok(v) -> bool:
@@ -254,7 +266,7 @@ class BlockReduceScale(NodeImpl):
         el, scale_arg = _block_values_pointer(b, scales, f"[M, N/{block}] block values")
         b.set_d(t, t.dtype.cutlass, t.dtype.bits, f"[M, N] {t.dtype}, scaled per 1x{block} block")
         return b.add(cls, f"epic_nodes::Sm90BlockReduceScale<{block}, {functor}, {'true' if divide else 'false'}, {el}>",
-                     f"{{{scale_arg}}}", inputs,
+                     f"{{{scale_arg}{_pair_slots(b, block)}}}", inputs,
                      f"1x{block} block {r.attrs['fn']} scale -> {t.name}" + (f", values {scales[0].tensor}" if scales else ""))
 
 

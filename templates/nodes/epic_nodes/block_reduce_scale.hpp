@@ -13,7 +13,10 @@
 //   struct Fn { static float identity(); static float pre(float); static void merge(float&, float);
 //               static float finalize(float); };     (all CUTLASS_DEVICE; merge commutative)
 //   using Node = epic_nodes::Sm90BlockReduceScale<128, Fn, false, float>;
-//   Arguments: {ElementScale* ptr_scale}
+//   Arguments: {ElementScale* ptr_scale, uint64_t* pair_slots}
+//
+// Split segments (CTA tile N = Block / 2, cluster 1x2): each CTA reduces its half of every segment and
+// the pair exchange the halves through pair_slots (detail::exchange_halves); the left CTA stores s.
 //
 // z is reduced while the subtile is visited: visit() merges each valid element into a thread-local slot
 // per (row, segment) of the subtile; reduce() merges the slots over the lanes that share the rows (XOR
@@ -35,6 +38,7 @@ struct Sm90BlockReduceScale : detail::NoWorkspaceNoLoads {
 
   struct Arguments {
     ElementScale* ptr_scale = nullptr;  // nullptr: scale, but store no statistic
+    uint64_t* pair_slots = nullptr;     // split segments (tile N = Block / 2): detail::exchange_halves's words
   };
 
   using Params = Arguments;
@@ -52,7 +56,7 @@ struct Sm90BlockReduceScale : detail::NoWorkspaceNoLoads {
 
   Params params;
 
-  template <int TileM, class Segs, class StatTensor, class CoordTensor, class Residue>
+  template <int TileM, int TileN, class Segs, class StatTensor, class CoordTensor, class Residue>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
     CUTLASS_DEVICE
     ConsumerStoreCallbacks(Segs seg, StatTensor tStat, CoordTensor tCcD, Residue residue_tCcD, Params const& params)
@@ -116,7 +120,11 @@ struct Sm90BlockReduceScale : detail::NoWorkspaceNoLoads {
       static_assert(decltype(size(fSeg))::value == Slots, "segment map and slots disagree");
 
       // 1. lanes that share the rows: XOR butterfly merge
-      detail::merge_row_lanes(seg.lane_layout, fStat, [](float a, float b) { Fn::merge(a, b); return a; });
+      auto merge = [](float a, float b) { Fn::merge(a, b); return a; };
+      detail::merge_row_lanes(seg.lane_layout, fStat, merge);
+      if constexpr (TileN < Block) {   // split segment: the other half is in the cluster's other CTA
+        detail::exchange_halves<Block, TileM, TileN>(seg, fSeg, fStat, params.pair_slots, Fn::identity(), merge);
+      }
 
       // 2. the statistic's value per slot (in place), then the subtile rewritten
       CUTLASS_PRAGMA_UNROLL
@@ -133,7 +141,7 @@ struct Sm90BlockReduceScale : detail::NoWorkspaceNoLoads {
       }
 
       // 3. one store per (row, segment), spread over the lanes that share the row
-      if (params.ptr_scale != nullptr) {
+      if (params.ptr_scale != nullptr && !seg.right) {    // a split segment's left half stores it
         int const segs_n = (seg.N + Block - 1) / Block;
         detail::for_each_owned_segment<Block, TileM>(seg, fSeg, [&](int s, int m, int g) {
           params.ptr_scale[int64_t(m) * segs_n + g] = cutlass::NumericConverter<ElementScale, float>{}(fStat(s));
@@ -151,7 +159,7 @@ struct Sm90BlockReduceScale : detail::NoWorkspaceNoLoads {
     constexpr int TileN = decltype(size<1>(args.tile_shape_mnk))::value;
     auto seg = detail::block_segments<ReferenceSrc, Block, TileM, TileN>(args);
     auto tStat = make_tensor_like<float>(seg.tSeg(_,_,_,_0{},_0{}).layout());
-    return ConsumerStoreCallbacks<TileM, decltype(seg), decltype(tStat), decltype(args.tCcD),
+    return ConsumerStoreCallbacks<TileM, TileN, decltype(seg), decltype(tStat), decltype(args.tCcD),
                                   decltype(args.residue_tCcD)>(seg, tStat, args.tCcD, args.residue_tCcD, params);
   }
 };

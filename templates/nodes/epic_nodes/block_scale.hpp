@@ -19,7 +19,12 @@
 //                        rows [M, round_up(M,4)) of the padding are not written)
 //
 //   using Node = epic_nodes::Sm90BlockScale<128, float, true, 1, 0>;
-//   Arguments: {ElementScale* ptr_scale, float qmax, float floor, uint8_t* ptr_q /* Output 1 only */}
+//   Arguments: {ElementScale* ptr_scale, float qmax, float floor, uint8_t* ptr_q /* Output 1 only */,
+//               uint64_t* pair_slots /* split segments only */}
+//
+// Split segments (CTA tile N = Block / 2, cluster 1x2): each CTA takes the amax of its half of every
+// segment and the pair exchange the halves through pair_slots (detail::exchange_halves); the left CTA
+// stores the scale. For decode-sized M, where Block-wide tiles leave most SMs idle.
 //
 // A program that wants q * stored_scale ~ x for a low-precision ElementScale divides by the rounded
 // scale itself (q = x / bf16(s)); that is a different program, and a different node match.
@@ -49,6 +54,7 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
     float qmax = 0.f;                   // e.g. 448 (e4m3), 57344 (e5m2), 127 (int8), 7 or 8 (int4)
     float floor = 0.f;                  // lower bound of amax (keeps all-zero segments finite): > 0
     uint8_t* ptr_q = nullptr;           // Output 1: [M, N/2] packed int4 bytes; Output 0: unused (nullptr)
+    uint64_t* pair_slots = nullptr;     // split segments (tile N = Block / 2): detail::exchange_halves's words
   };
 
   using Params = Arguments;
@@ -74,7 +80,7 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
 
   Params params;
 
-  template <int TileM, class Segs, class CoordTensor, class Residue>
+  template <int TileM, int TileN, class Segs, class CoordTensor, class Residue>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
     CUTLASS_DEVICE
     ConsumerStoreCallbacks(Segs seg, CoordTensor tCcD, Residue residue_tCcD, Params const& params)
@@ -142,7 +148,11 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
       }
 
       // 2. lanes that share the rows: XOR butterfly max
-      detail::merge_row_lanes(seg.lane_layout, fAmax, [](float a, float b) { return fmaxf(a, b); });
+      auto max = [](float a, float b) { return fmaxf(a, b); };
+      detail::merge_row_lanes(seg.lane_layout, fAmax, max);
+      if constexpr (TileN < Block) {   // split segment: the other half is in the cluster's other CTA
+        detail::exchange_halves<Block, TileM, TileN>(seg, fSeg, fAmax, params.pair_slots, 0.f, max);
+      }
 
       // 3. scales: the stored copy is rounded to ElementScale; q is divided by the f32 value
       Tensor tScale = make_tensor_like<float>(tSeg_mn.layout());
@@ -192,7 +202,7 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
       }
 
       // 5. one store per (row, segment), spread over the lanes that share the row
-      if (params.ptr_scale != nullptr) {
+      if (params.ptr_scale != nullptr && !seg.right) {    // a split segment's left half stores it
         int const segs_n = (seg.N + Block - 1) / Block;
         int const m_pad4 = (seg.M + 3) / 4 * 4;
         detail::for_each_owned_segment<Block, TileM>(seg, fSeg, [&](int s, int m, int g) {
@@ -233,7 +243,7 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
     constexpr int TileM = decltype(size<0>(args.tile_shape_mnk))::value;
     constexpr int TileN = decltype(size<1>(args.tile_shape_mnk))::value;
     auto seg = detail::block_segments<ReferenceSrc, Block, TileM, TileN>(args);
-    return ConsumerStoreCallbacks<TileM, decltype(seg), decltype(args.tCcD), decltype(args.residue_tCcD)>(
+    return ConsumerStoreCallbacks<TileM, TileN, decltype(seg), decltype(args.tCcD), decltype(args.residue_tCcD)>(
         seg, args.tCcD, args.residue_tCcD, params);
   }
 };

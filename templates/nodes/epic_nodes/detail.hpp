@@ -92,6 +92,10 @@ lane_n_index(LaneLayout const& lane_layout, int lane_idx) {
 // segment map (value at (m, n) of the CTA tile = m + TileM * (n / Block); zero stride inside a segment,
 // so one slot per (row, segment)), partitioned like the accumulator; the lanes sharing the rows; where
 // the CTA tile starts. Asserts the shapes a segment node can handle.
+//
+// Split segments (TileN = Block / 2, a 1x2 cluster along N): a segment is half in this CTA and half in
+// the other CTA of its cluster, which works on the neighbouring tile at the same time; each CTA has one
+// segment, its whole tile width, and the two exchange their halves' statistics (exchange_halves).
 template <class SegMap, class LaneLayout>
 struct BlockSegments {
   SegMap tSeg;             // (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
@@ -101,23 +105,27 @@ struct BlockSegments {
   int M, N;
   int m0;                  // first row of the CTA tile
   int g0;                  // first segment of the CTA tile (n0 / Block)
+  bool right;              // split segments: this CTA holds the right half
 };
 
 template <bool ReferenceSrc, int Block, int TileM, int TileN, class Args>
 CUTLASS_DEVICE auto
 block_segments(Args const& args) {
+  constexpr bool Split = TileN < Block;
   constexpr int EpiN = decltype(size<1>(shape(args.epi_tile)))::value;
-  static_assert(EpiN % Block == 0,
-                "epic_nodes: the epilogue subtile N must be a multiple of Block; choose an explicit "
-                "epilogue tile with N >= Block (see tests/probes/README.md)");
-  static_assert(TileN % Block == 0, "epic_nodes: CTA tile N must be a multiple of Block");
+  static_assert(EpiN % (Split ? TileN : Block) == 0,
+                "epic_nodes: the epilogue subtile N must be a multiple of Block (of the tile N for a split "
+                "segment); choose an explicit epilogue tile (see tests/probes/README.md)");
+  static_assert(Split ? Block == 2 * TileN : TileN % Block == 0,
+                "epic_nodes: CTA tile N must be a multiple of Block, or half of it (a split segment)");
   auto warp_layout = warp_layout_mn<ReferenceSrc>(args.tiled_copy);
   static_assert(decltype(size<1>(warp_layout))::value == 1,
                 "epic_nodes: several warps share a row segment; not supported");
   auto lane_layout = lane_layout_mn<ReferenceSrc>(args.tiled_copy);
   int lane_n = lane_n_index(lane_layout, int(threadIdx.x % 32));
+  constexpr int SegN = Split ? TileN : Block;       // columns of a segment in this tile
   auto seg_layout = make_layout(
-      make_shape(Int<TileM>{}, make_shape(Int<Block>{}, Int<TileN / Block>{})),
+      make_shape(Int<TileM>{}, make_shape(Int<SegN>{}, Int<TileN / SegN>{})),
       make_stride(_1{}, make_stride(_0{}, Int<TileM>{})));
   auto tSeg = partition_tile_map<ReferenceSrc>(seg_layout, args.epi_tile, args.tiled_copy, args.thread_idx);
   auto [M, N, K, L] = args.problem_shape_mnkl;
@@ -125,8 +133,9 @@ block_segments(Args const& args) {
   int m0 = int(m) * TileM;
   int n0 = int(n) * TileN;
   return BlockSegments<decltype(tSeg), decltype(lane_layout)>{
-      tSeg, lane_layout, lane_n, m0 < int(M) && n0 < int(N), int(M), int(N), m0, n0 / Block};
+      tSeg, lane_layout, lane_n, m0 < int(M) && n0 < int(N), int(M), int(N), m0, n0 / Block, n0 % Block != 0};
 }
+
 
 // Merges each slot of f (a filtered register tensor) with the same slot of the lanes that share its
 // rows: an XOR butterfly, after which every such lane holds merge(...) of all of them. With a
@@ -164,6 +173,60 @@ for_each_owned_segment(Segs const& seg, FSeg const& fSeg, Fn const& fn) {
       }
     }
   }
+}
+
+// Split segments: merges the other CTA's half of each (row, segment) statistic into fStat (already
+// merged over the row's lanes). The lane that owns a slot publishes this half's value in the pair's
+// global slot for its side -- one 64-bit word, the value's bits and a 1 above them, so a reader sees
+// both or neither -- then waits for the other side's word, takes it and clears it: each word is written
+// once and read once per launch, so the next launch finds zeros (epic_nodes/stream_scratch.hpp). Both
+// sides merge (left, right) in that order, so both hold the same bits; the other lanes of the row get
+// the result through merge_row_lanes, holding `identity` meanwhile. No wait for a right half that lies
+// past N, none for rows past M (whose results are not stored). Needs both CTAs of a pair resident and on
+// their tiles together, which a 1x2 cluster guarantees. slots: [round_up(M, TileM)][segments][2].
+CUTLASS_DEVICE void publish_half(uint64_t* slot, float value) {
+  uint64_t word = (uint64_t(1) << 32) | uint64_t(__float_as_uint(value));
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" :: "l"(slot), "l"(word) : "memory");
+}
+
+CUTLASS_DEVICE float take_half(uint64_t* slot) {
+  uint64_t word = 0;
+  do {
+    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(word) : "l"(slot) : "memory");
+  } while ((word >> 32) == 0);
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" :: "l"(slot), "l"(uint64_t(0)) : "memory");
+  return __uint_as_float(uint32_t(word));
+}
+
+template <int Block, int TileM, int TileN, class Segs, class FSeg, class FStat, class Merge>
+CUTLASS_DEVICE void
+exchange_halves(Segs const& seg, FSeg const& fSeg, FStat&& fStat, uint64_t* slots, float identity, Merge const& merge) {
+  constexpr int RowLanes = decltype(size<1>(seg.lane_layout))::value;
+  constexpr int Slots = decltype(size(fStat))::value;
+  int const segs_n = (seg.N + Block - 1) / Block;
+  auto pair_of = [&](int s) -> uint64_t* {      // the pair's two words, or nullptr: nothing to exchange
+    int code = int(fSeg(s));
+    int m = seg.m0 + code % TileM;
+    int g = seg.g0 + code / TileM;
+    bool owned = s % RowLanes == seg.lane_n;
+    return owned && m < seg.M && g * Block + TileN < seg.N ? slots + (int64_t(m) * segs_n + g) * 2 : nullptr;
+  };
+  CUTLASS_PRAGMA_UNROLL
+  for (int s = 0; s < Slots; ++s) {             // every owned half out first, then the other halves in
+    if (uint64_t* pair = pair_of(s)) {
+      publish_half(pair + (seg.right ? 1 : 0), fStat(s));
+    }
+  }
+  CUTLASS_PRAGMA_UNROLL
+  for (int s = 0; s < Slots; ++s) {
+    if (uint64_t* pair = pair_of(s)) {
+      float other = take_half(pair + (seg.right ? 0 : 1));
+      fStat(s) = seg.right ? merge(other, fStat(s)) : merge(fStat(s), other);
+    } else if (s % RowLanes != seg.lane_n) {
+      fStat(s) = identity;
+    }
+  }
+  merge_row_lanes(seg.lane_layout, fStat, merge);
 }
 
 // Online log-sum-exp merge of (m1, s1) and (m2, s2): m = max, s = s1*exp(m1-m) + s2*exp(m2-m).
