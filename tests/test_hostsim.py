@@ -1,10 +1,12 @@
 """Generated kernels executed on the CPU (tests/hostsim) against the reference interpreter.
 
 Every sample and tests/programs/*.epi that code generation supports today (E702 skips, with the
-reason), under both configurations the heuristic picks (small M: pingpong 64x64x64; large M:
-pingpong 128x128x64, cluster 2x1, and 128x192 where N is a multiple of 192), at ragged sizes (M = 1,
+reason), under both configurations the heuristic picks (small M: pingpong 64x64x64, cluster 1x2
+where two CTAs share 1x128 blocks; large M: pingpong 128x128x64, cluster 2x1, and 128x192 where N is
+a multiple of 192), at ragged sizes (M = 1,
 77, 300 with N, K not multiples of the tile) and one multiple of the tile, and once more with extra
-tiles loaded straight to registers (aux_load=direct, where a program loads any), on fresh random
+tiles loaded straight to registers (aux_load=direct, where a program loads any), and under both with
+each row combine kernel folded into its gemm (combine=fold, where a program has one), on fresh random
 inputs (the seed is in every failure message). Per case: the C ABI checked by roles, every buffer
 poisoned and checked to be written, every output, intermediate and per-tile partial compared with
 the reference, kernel by kernel.

@@ -153,11 +153,13 @@ def _block_sizes(k: GemmKernel) -> list[Diagnostic]:
                 out.append(Diagnostic("E404", f"block size {b} must be a power of two between 8 and {MAX_TILE_N}",
                                       v.span, "a block must divide the tile width (64, 128 or 256 columns): "
                                       "use 32, 64 or 128"))
-            elif tile and tile[1] % b and not (tile[1] * 2 == b and tuple(k.options.get("cluster", ())) == (1, 2)):
+            elif tile and tile[1] % b and not (tile[1] * 2 == b and tuple(k.options.get("cluster", ())) == (1, 2)
+                                               and k.options.get("schedule", "pingpong") == "pingpong"):
                 out.append(Diagnostic("E404", f"block size {b} does not divide the tile width {tile[1]} of gemm "
                                       f"'{k.name}' (with tile={'x'.join(map(str, tile))})", v.span,
                                       f"pick a tile width that is a multiple of {b}, or a smaller block, or half "
-                                      f"of {b} with cluster=1x2 (the cluster's two CTAs then share each block)"))
+                                      f"of {b} with cluster=1x2 and the pingpong schedule (the cluster's two CTAs "
+                                      "then share each block)"))
             elif epi and tile and tile[1] * 2 == b and epi[1] != tile[1]:
                 out.append(Diagnostic("E404", f"a block of {b} shared by a 1x2 cluster needs the epilogue tile as wide "
                                       f"as the CTA tile ({tile[1]}) in gemm '{k.name}', not {epi[1]}", v.span,

@@ -109,8 +109,6 @@ def _specs(program: Program, configs) -> list:
     return out
 
 
-
-
 def units(program: Program, configs: dict[str, config_mod.KernelConfig]) -> list[tuple[object, Unit]]:
     """(spec, translation unit) for every kernel of a rewritten program that launches (a folded
     combine kernel has none: it runs inside its gemm's unit)."""

@@ -186,8 +186,10 @@ def _wide(n: int | None) -> bool:
 
 def split_block(cfg: KernelConfig, block: int) -> bool:
     """A 1xB block split over the two CTAs of a 1x2 cluster (the tile half a block wide): each reduces
-    its half and the two exchange them (templates/nodes/epic_nodes/detail.hpp, exchange_halves)."""
-    return cfg.tile_n * 2 == block and tuple(cfg.cluster) == (1, 2) and not cfg.split_k
+    its half and the two exchange them (templates/nodes/epic_nodes/detail.hpp, exchange_halves).
+    Pingpong only: the schedule it was verified with on the H200."""
+    return (cfg.tile_n * 2 == block and tuple(cfg.cluster) == (1, 2) and not cfg.split_k
+            and cfg.schedule == "pingpong")
 
 
 def _with_blocks(cfg: KernelConfig, blocks, split: bool = False) -> KernelConfig:
@@ -199,8 +201,7 @@ def _with_blocks(cfg: KernelConfig, blocks, split: bool = False) -> KernelConfig
         if split and cfg.tile_n * 2 == b and tuple(cfg.cluster) == (1, 1):
             cfg = replace(cfg, cluster=(1, 2))
         else:
-            cfg = KernelConfig(cfg.schedule, (cfg.tile_m, b, cfg.tile[2]), cfg.cluster, swizzle=cfg.swizzle,
-                               splits=cfg.splits)
+            cfg = replace(cfg, tile=(cfg.tile_m, b, cfg.tile[2]))
     return cfg
 
 
@@ -285,7 +286,7 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
         if cfg.tile_n % b and not split:
             raise error("E404", f"gemm '{kernel.name}': block size {b} does not divide the tile width {cfg.tile_n}",
                         kernel.span, "pick a tile width that is a multiple of the block size, or half of it with "
-                        "cluster=1x2 (the cluster's two CTAs then share each block)")
+                        "cluster=1x2 and the pingpong schedule (the cluster's two CTAs then share each block)")
         if split and cfg.epi_tile and cfg.epi_tile[1] != cfg.tile_n:
             raise error("E404", f"gemm '{kernel.name}': a block of {b} shared by a 1x2 cluster needs the epilogue "
                         f"tile as wide as the CTA tile ({cfg.tile_n}), not {cfg.epi_tile[1]}", kernel.span,
