@@ -191,9 +191,17 @@ CUTLASS_DEVICE void publish_half(uint64_t* slot, float value) {
 
 CUTLASS_DEVICE float take_half(uint64_t* slot) {
   uint64_t word = 0;
-  do {
+  // The other CTA publishes within a tile's time; 2^24 polls (seconds) mean the pairing broke (a bug
+  // in epic): the kernel stops with an error (cudaErrorLaunchFailure) instead of hanging.
+  for (uint32_t polls = 0;; ++polls) {
     asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(word) : "l"(slot) : "memory");
-  } while ((word >> 32) == 0);
+    if ((word >> 32) != 0) {
+      break;
+    }
+    if (polls == (1u << 24)) {
+      __trap();
+    }
+  }
   asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" :: "l"(slot), "l"(uint64_t(0)) : "memory");
   return __uint_as_float(uint32_t(word));
 }
