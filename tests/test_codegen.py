@@ -225,6 +225,10 @@ def test_a_folded_row_combine_runs_inside_its_gemm():
     roles = [(p.role, p.tensor) for p in spec.pointers]
     counters = roles.index(("counters", ""))              # passed as null: the library's own counters
     assert roles[counters + 1:] == [("row_partial", "o_proj__row_mean_part0"), ("out", "r")]
+    assert [p.dtype.name for p in spec.pointers[counters:]] == ["i32", "f32", "f32"]     # the ABI comment's types
+    assert spec.pointers[counters].note == "null: the library's own per-stream row block counters"
+    assert node.comment == "folded combine: o_proj__row_mean_part0 -> r (D, eps)"
+    assert "// the combine kernel 'o_proj__row_combine', folded: run by the last CTA" in unit.source
     assert [s.name for s in spec.scalars][-2:] == ["D", "eps"]
     assert spec.scratch == [(counters, "(sizes[0] + 64 - 1) / 64 * 4")]
     assert f"with_scratch[{counters}] = epic_nodes::stream_scratch(dev, st, {counters}," in unit.source
@@ -273,6 +277,7 @@ def test_decode_shares_a_block_between_a_clusters_two_ctas():
     slots = roles.index(("pair_slots", ""))
     assert spec.scratch == [(slots, "(long long)((sizes[0] + 64 - 1) / 64 * 64) * ((sizes[1] + 128 - 1) / 128) * 16")]
     assert spec.nodes[-1].args.endswith(f"static_cast<uint64_t*>(p[{slots}])}}")
+    assert spec.pointers[slots].note == "null: the library's own per-stream words for the split blocks' exchange"
     assert "epic_nodes/stream_scratch.hpp" in spec.headers
     (big, _), = emit.units(prog, configs(prog, 8192))      # prefill: 128-wide tiles hold whole blocks
     assert big.scratch == [] and "pair_slots" not in [p.role for p in big.pointers]

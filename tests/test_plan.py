@@ -112,6 +112,8 @@ def test_heuristic_and_overrides():
     assert (shared.tile, shared.cluster) == ((64, 64, 64), (1, 2)) and config.split_block(shared, 128)
     assert config.heuristic(64, {64}, n=4096).cluster == (1, 1)           # blocks the tile holds: no cluster
     assert config.heuristic(64, {256}, n=4096).tile == (64, 256, 64)      # only a block of twice the tile splits
+    assert config.heuristic(64, {64, 128}, n=4096).cluster == (1, 2)      # every block is looked at
+    assert config.heuristic(8192, {64, 256}, n=4096).tile == (128, 256, 64)
     prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile=128x128x64, schedule=cooperative {\n"
                    "  out y: bf16 = acc\n}\n").program
     plan = planner.make_plan(prog, dict(M=64, K=64, N=64))

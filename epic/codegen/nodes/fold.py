@@ -52,7 +52,7 @@ def add_fold(b, tail: CombineSpec) -> None:
 
 
 def _comment(tail: CombineSpec) -> str:
-    """What the node does, naming its tensors and scalars (tests/hostsim's ABI check reads it)."""
+    """What the node does, naming its tensors and scalars: the comment on its line of the DAG."""
     reads = ", ".join(p.tensor for p in tail.pointers if p.role != "out")
     writes = ", ".join(p.tensor for p in tail.pointers if p.role == "out")
     scalars = f" ({', '.join(s.name for s in tail.scalars)})" if tail.scalars else ""
