@@ -228,6 +228,11 @@ def test_a_folded_row_combine_runs_inside_its_gemm():
     assert [p.dtype.name for p in spec.pointers[counters:]] == ["i32", "f32", "f32"]     # the ABI comment's types
     assert spec.pointers[counters].note == "null: the library's own per-stream row block counters"
     assert node.comment == "folded combine: o_proj__row_mean_part0 -> r (D, eps)"
+    assert {p.note for p in spec.pointers[counters + 1:]} == {"folded combine 'o_proj__row_combine'"}
+    every = pipeline.analyze(str(ROOT / "tests" / "programs" / "every_primitive.epi")).program
+    assert emit.units(every, _fold(every))[0][0].nodes[-1].comment == (
+        "folded combine: every__row_sum_part0, every__row_max_part1, every__row_min_part2, every__row_mean_part3 "
+        "-> rows (N)")
     assert "// the combine kernel 'o_proj__row_combine', folded: run by the last CTA" in unit.source
     assert [s.name for s in spec.scalars][-2:] == ["D", "eps"]
     assert spec.scratch == [(counters, "(sizes[0] + 64 - 1) / 64 * 4")]
