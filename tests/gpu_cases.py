@@ -108,7 +108,6 @@ def fold_config(program) -> dict:
 
 def folds(program) -> bool:
     """Whether combine=fold folds any of the program's combine kernels."""
-    from epic.codegen import emit
-    from epic.plan import config as config_mod
-    return bool(emit.folds(program, {k.name: config_mod.KernelConfig("pingpong", (64, 64, 64), combine="fold")
+    from epic.plan import config as config_mod, planner
+    return bool(planner.folds(program, {k.name: config_mod.KernelConfig("pingpong", (64, 64, 64), combine="fold")
                                      for k in program.kernels if k.kind == "gemm"}))

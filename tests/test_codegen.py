@@ -14,6 +14,7 @@ import epic
 from epic import dtypes, pipeline
 from epic.codegen import cxx, emit, evt, functor
 from epic.diagnostics import EpicError
+from epic.plan import planner
 from epic.runtime import build, cache, loader
 
 from .conftest import ROOT, analyze
@@ -241,7 +242,7 @@ def test_a_folded_row_combine_runs_inside_its_gemm():
     assert "__ldcg(part_0 + ((long long)t * rows_padded + m))" in tail      # through L2: other CTAs wrote them
     assert "t0 += kLanes * FOLD_IN_FLIGHT" in tail and "for (int o = kLanes / 2; o > 0; o >>= 1)" in tail
     assert "if (lane != 0 || m >= M) return;" in tail and "rsqrtf" in tail
-    from epic.plan import ledger, planner
+    from epic.plan import ledger
     source = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi")).source_program
     text = ledger.render(planner.make_plan(prog, {"M": 64, "D": 392}, {"o_proj": {"combine": "fold"}}), source)
     assert "o_proj__row_combine: combine of o_proj's per-tile partials (rows), folded into o_proj" in text
@@ -254,14 +255,14 @@ def test_only_a_row_combine_right_after_its_gemm_folds():
     whole = pipeline.analyze(str(ROOT / "tests" / "programs" / "whole_tensor.epi")).program
     cols = pipeline.analyze(str(ROOT / "tests" / "programs" / "col_stats.epi")).program
     for prog in (whole, cols):
-        folded = emit.folds(prog, _fold(prog))
+        folded = planner.folds(prog, _fold(prog))
         for k in prog.kernels:
             if k.kind == "combine":
                 assert (k.name in folded) == (k.axis == "row"), (prog.name, k.name, k.axis)
         names = {s.name for s, _ in emit.units(prog, _fold(prog))}
         assert names == {k.name for k in prog.kernels if k.name not in folded}
     mlp = pipeline.analyze(str(ROOT / "samples" / "prenorm_mlp.epi")).program
-    assert emit.folds(mlp, configs(mlp, 64)) == {}        # combine=kernel, the default: nothing folds
+    assert planner.folds(mlp, configs(mlp, 64)) == {}        # combine=kernel, the default: nothing folds
 
 
 def test_combine_fold_with_split_k_is_refused():

@@ -144,5 +144,3 @@ def rows(program: Program, sizes: dict | None) -> int:
     from .. import sizes as sizes_mod
     return sizes_mod.evaluate(program.kernels[0].rows, sizes)
 
-
-folds = planner.folds     # which combine kernels run inside their gemm (combine=fold)
