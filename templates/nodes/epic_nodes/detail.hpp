@@ -177,33 +177,41 @@ for_each_owned_segment(Segs const& seg, FSeg const& fSeg, Fn const& fn) {
 
 // Split segments: merges the other CTA's half of each (row, segment) statistic into fStat (already
 // merged over the row's lanes). The lane that owns a slot publishes this half's value in the pair's
-// global slot for its side -- one 64-bit word, the value's bits and a 1 above them, so a reader sees
-// both or neither -- then waits for the other side's word, takes it and clears it: each word is written
-// once and read once per launch, so the next launch finds zeros (epic_nodes/stream_scratch.hpp). Both
-// sides merge (left, right) in that order, so both hold the same bits; the other lanes of the row get
-// the result through merge_row_lanes, holding `identity` meanwhile. No wait for a right half that lies
-// past N, none for rows past M (whose results are not stored). Needs both CTAs of a pair resident and on
-// their tiles together, which a 1x2 cluster guarantees. slots: [round_up(M, TileM)][segments][2].
-CUTLASS_DEVICE void publish_half(uint64_t* slot, float value) {
-  uint64_t word = (uint64_t(1) << 32) | uint64_t(__float_as_uint(value));
-  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" :: "l"(slot), "l"(word) : "memory");
+// global word for its side -- the value's bits and a 1 above them, so a reader sees both or neither --
+// then reads the other side's word, takes it and clears it: each word is written once and read once per
+// launch, so the next launch finds zeros (epic_nodes/stream_scratch.hpp). Both sides merge (left,
+// right) in that order, so both hold the same bits; the other lanes of the row get the result through
+// merge_row_lanes, holding `identity` meanwhile. No wait for a right half that lies past N, none for
+// rows past M (whose results are not stored). Needs both CTAs of a pair resident and on their tiles
+// together, which a 1x2 cluster guarantees.
+// Words: [segment][side][round_up(M, TileM)], so that a side's words for consecutive rows are
+// consecutive and the owning lanes of a warp write whole 32-byte sectors; and every owned word is read
+// before any is waited for (one round trip for all of a lane's slots). Together these took the waits
+// from 64 to 15 of fp8 quant's 800 stall samples at M = 64 and the kernel from 16.9 to 15.9 us
+// (bench/results/2026-12-01-h200-ncu-split-polls.txt); which of the two did most was not measured.
+CUTLASS_DEVICE void publish_half(uint64_t* word, float value) {
+  uint64_t w = (uint64_t(1) << 32) | uint64_t(__float_as_uint(value));
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" :: "l"(word), "l"(w) : "memory");
 }
 
-CUTLASS_DEVICE float take_half(uint64_t* slot) {
-  uint64_t word = 0;
-  // The other CTA publishes within a tile's time; 2^24 polls (seconds) mean the pairing broke (a bug
-  // in epic): the kernel stops with an error (cudaErrorLaunchFailure) instead of hanging.
-  for (uint32_t polls = 0;; ++polls) {
-    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(word) : "l"(slot) : "memory");
-    if ((word >> 32) != 0) {
-      break;
-    }
+CUTLASS_DEVICE uint64_t read_half(uint64_t const* word) {
+  uint64_t w;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(w) : "l"(word) : "memory");
+  return w;
+}
+
+// w: the word's first read. Polls until the other side's flag is there, clears the word, returns the
+// value. The other CTA publishes within a tile's time; 2^24 polls (seconds) mean the pairing broke (a
+// bug in epic): the kernel stops with an error (cudaErrorLaunchFailure) instead of hanging.
+CUTLASS_DEVICE float take_half(uint64_t* word, uint64_t w) {
+  for (uint32_t polls = 0; (w >> 32) == 0; ++polls) {
     if (polls == (1u << 24)) {
       __trap();
     }
+    w = read_half(word);
   }
-  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" :: "l"(slot), "l"(uint64_t(0)) : "memory");
-  return __uint_as_float(uint32_t(word));
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" :: "l"(word), "l"(uint64_t(0)) : "memory");
+  return __uint_as_float(uint32_t(w));
 }
 
 template <int Block, int TileM, int TileN, class Segs, class FSeg, class FStat, class Merge>
@@ -211,25 +219,31 @@ CUTLASS_DEVICE void
 exchange_halves(Segs const& seg, FSeg const& fSeg, FStat&& fStat, uint64_t* slots, float identity, Merge const& merge) {
   constexpr int RowLanes = decltype(size<1>(seg.lane_layout))::value;
   constexpr int Slots = decltype(size(fStat))::value;
-  int const segs_n = (seg.N + Block - 1) / Block;
-  auto pair_of = [&](int s) -> uint64_t* {      // the pair's two words, or nullptr: nothing to exchange
+  int64_t const rows = int64_t((seg.M + TileM - 1) / TileM) * TileM;
+  auto word_of = [&](int s, bool side) -> uint64_t* {   // the slot's word of one side, or nullptr: no exchange
     int code = int(fSeg(s));
     int m = seg.m0 + code % TileM;
     int g = seg.g0 + code / TileM;
     bool owned = s % RowLanes == seg.lane_n;
-    return owned && m < seg.M && g * Block + TileN < seg.N ? slots + (int64_t(m) * segs_n + g) * 2 : nullptr;
+    return owned && m < seg.M && g * Block + TileN < seg.N ? slots + (int64_t(g) * 2 + side) * rows + m : nullptr;
   };
   CUTLASS_PRAGMA_UNROLL
-  for (int s = 0; s < Slots; ++s) {             // every owned half out first, then the other halves in
-    if (uint64_t* pair = pair_of(s)) {
-      publish_half(pair + (seg.right ? 1 : 0), fStat(s));
+  for (int s = 0; s < Slots; ++s) {             // every owned half out first,
+    if (uint64_t* mine = word_of(s, seg.right)) {
+      publish_half(mine, fStat(s));
     }
   }
+  uint64_t first[Slots];
   CUTLASS_PRAGMA_UNROLL
-  for (int s = 0; s < Slots; ++s) {
-    if (uint64_t* pair = pair_of(s)) {
-      float other = take_half(pair + (seg.right ? 0 : 1));
-      fStat(s) = seg.right ? merge(other, fStat(s)) : merge(fStat(s), other);
+  for (int s = 0; s < Slots; ++s) {             // then every other half read at once,
+    uint64_t* other = word_of(s, !seg.right);
+    first[s] = other ? read_half(other) : 0;
+  }
+  CUTLASS_PRAGMA_UNROLL
+  for (int s = 0; s < Slots; ++s) {             // then each waited for where it was not there yet
+    if (uint64_t* other = word_of(s, !seg.right)) {
+      float half = take_half(other, first[s]);
+      fStat(s) = seg.right ? merge(half, fStat(s)) : merge(fStat(s), half);
     } else if (s % RowLanes != seg.lane_n) {
       fStat(s) = identity;
     }
