@@ -3,6 +3,7 @@ import pytest
 
 from epic import pipeline
 from epic.diagnostics import EpicError
+from epic.ir.options import shares_block
 from epic.plan import config, ledger, planner
 
 from .conftest import ROOT, analyze
@@ -114,6 +115,11 @@ def test_heuristic_and_overrides():
     assert config.heuristic(64, {256}, n=4096).tile == (64, 256, 64)      # only a block of twice the tile splits
     assert config.heuristic(64, {64, 128}, n=4096).cluster == (1, 2)      # every block is looked at
     assert config.heuristic(8192, {64, 256}, n=4096).tile == (128, 256, 64)
+    # the one rule, for the checker and the planner alike: half a block wide, 1x2, pingpong, no split-K
+    assert shares_block(64, (1, 2), "pingpong", 1, 128)
+    assert not any([shares_block(64, (2, 1), "pingpong", 1, 128), shares_block(64, (1, 2), "cooperative", 1, 128),
+                    shares_block(64, (1, 2), "pingpong", 2, 128), shares_block(64, (1, 2), "pingpong", 1, 256),
+                    shares_block(128, (1, 2), "pingpong", 1, 128)])
     prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile=128x128x64, schedule=cooperative {\n"
                    "  out y: bf16 = acc\n}\n").program
     plan = planner.make_plan(prog, dict(M=64, K=64, N=64))

@@ -13,6 +13,7 @@ from fractions import Fraction
 
 from .. import dtypes
 from ..diagnostics import Diagnostic, Span
+from ..ir import options as vocab
 from ..ir import primitives as P
 from ..ir.core import GemmKernel, Program
 from ..shapes import Dim, Kind
@@ -146,6 +147,10 @@ def _block_sizes(k: GemmKernel) -> list[Diagnostic]:
     out = []
     tile = k.options.get("tile")     # fixed in the file: a block must divide its width
     epi = k.options.get("epi_tile")  # and the epilogue subtile's: a block is reduced within one subtile
+
+    def shared(tile_n: int, b: int) -> bool:   # options the file leaves out are the planner's to choose
+        return vocab.shares_block(tile_n, k.options.get("cluster", ()), k.options.get("schedule", "pingpong"),
+                                  int(k.options.get("splits", 1)), b)
     for v in k.values:
         if P.family(v.op) is P.Family.BLOCK:
             b = v.attrs["block"]
@@ -153,18 +158,17 @@ def _block_sizes(k: GemmKernel) -> list[Diagnostic]:
                 out.append(Diagnostic("E404", f"block size {b} must be a power of two between 8 and {MAX_TILE_N}",
                                       v.span, "a block must divide the tile width (64, 128 or 256 columns): "
                                       "use 32, 64 or 128"))
-            elif tile and tile[1] % b and not (tile[1] * 2 == b and tuple(k.options.get("cluster", ())) == (1, 2)
-                                               and k.options.get("schedule", "pingpong") == "pingpong"):
+            elif tile and tile[1] % b and not shared(tile[1], b):
                 out.append(Diagnostic("E404", f"block size {b} does not divide the tile width {tile[1]} of gemm "
                                       f"'{k.name}' (with tile={'x'.join(map(str, tile))})", v.span,
                                       f"pick a tile width that is a multiple of {b}, or a smaller block, or half "
                                       f"of {b} with cluster=1x2 and the pingpong schedule (the cluster's two CTAs "
                                       "then share each block)"))
-            elif epi and tile and tile[1] * 2 == b and epi[1] != tile[1]:
+            elif epi and tile and shared(tile[1], b) and epi[1] != tile[1]:
                 out.append(Diagnostic("E404", f"a block of {b} shared by a 1x2 cluster needs the epilogue tile as wide "
                                       f"as the CTA tile ({tile[1]}) in gemm '{k.name}', not {epi[1]}", v.span,
                                       f"leave epi_tile out, or give it {tile[1]} columns"))
-            elif epi and epi[1] % b and not (tile and tile[1] * 2 == b):
+            elif epi and epi[1] % b and not (tile and shared(tile[1], b)):
                 out.append(Diagnostic("E404", f"block size {b} does not divide the epilogue tile width {epi[1]} of "
                                       f"gemm '{k.name}' (with epi_tile={'x'.join(map(str, epi))}): a block must sit "
                                       "in one epilogue subtile", v.span,

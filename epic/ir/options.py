@@ -76,6 +76,13 @@ def combination_problems(schedule: str, tile: tuple[int, int, int], epi_tile: tu
     return out
 
 
+def shares_block(tile_n: int, cluster, schedule: str, splits: int, block: int) -> bool:
+    """A 1 x block block split over the two CTAs of a 1x2 cluster (the tile half a block wide): each
+    reduces its half and the two exchange them (templates/nodes/epic_nodes/detail.hpp,
+    exchange_halves). Pingpong without split-K only: what was verified on the H200."""
+    return tile_n * 2 == block and tuple(cluster) == (1, 2) and splits == 1 and schedule == "pingpong"
+
+
 def _or(values) -> str:
     values = [str(v) for v in values]
     return ", ".join(values[:-1]) + " or " + values[-1] if len(values) > 1 else values[0]

@@ -185,11 +185,8 @@ def _wide(n: int | None) -> bool:
 
 
 def split_block(cfg: KernelConfig, block: int) -> bool:
-    """A 1xB block split over the two CTAs of a 1x2 cluster (the tile half a block wide): each reduces
-    its half and the two exchange them (templates/nodes/epic_nodes/detail.hpp, exchange_halves).
-    Pingpong only: the schedule it was verified with on the H200."""
-    return (cfg.tile_n * 2 == block and tuple(cfg.cluster) == (1, 2) and not cfg.split_k
-            and cfg.schedule == "pingpong")
+    """The configuration shares each 1 x block block between a 1x2 cluster's CTAs (vocab.shares_block)."""
+    return vocab.shares_block(cfg.tile_n, cfg.cluster, cfg.schedule, cfg.splits, block)
 
 
 def _with_blocks(cfg: KernelConfig, blocks, split: bool = False) -> KernelConfig:
