@@ -68,6 +68,7 @@ def main() -> None:
             scalars = [float(t.default) for t in prog.inputs if t.is_scalar]
             stream = torch.cuda.current_stream().cuda_stream
             rec["launcher_run_us"] = host_us(lambda: fast.run(tensors, scalars, stream, False), args.n)
+            rec["launcher_call_us"] = host_us(lambda: fast.call(inputs, False), args.n)
             prog._fast = None                            # the ctypes path of the same bound plan
             rec["ctypes_us"] = host_us(lambda: prog(**inputs), args.n)
             prog._fast = fast

@@ -6,9 +6,20 @@
 // function pointer the runtime registered. Anything that does not match returns "no plan", and the
 // Python path validates (and reports) as before: this file never decides that a call is wrong.
 // Not a Jinja template: nothing in it depends on the program.
+//
+// Two entries: run() takes the tensors and scalars in the program's order (tests, benchmarks), and
+// call() takes the caller's keyword dict as it is and returns the outputs' dict, so that a call does
+// no Python work per argument (CompiledProgram.__call__ hands its **kwargs straight here).
 #include <torch/extension.h>
 
+#include <ATen/EmptyTensor.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -37,12 +48,33 @@ struct Buffer {
   std::vector<int64_t> shape;
 };
 
+// A buffer on a CUDA device straight from torch's caching allocator (what at::empty does for CUDA,
+// without the dispatcher's round trip, about a microsecond on a slow host); elsewhere at::empty.
+at::Tensor allocate(const Buffer& b, const c10::Device& device) {
+  if (device.is_cuda()) {
+    static c10::Allocator* cuda = c10::GetAllocator(c10::DeviceType::CUDA);   // registered by c10_cuda
+    const c10::DeviceGuard guard(device);
+    return at::detail::empty_generic(b.shape, cuda, c10::DispatchKeySet(c10::DispatchKey::CUDA), b.dtype,
+                                     std::nullopt);
+  }
+  return at::empty(b.shape, at::TensorOptions().dtype(b.dtype).device(device));
+}
+
+// The raw stream the call's kernels go to: the current stream of the plan's device, as
+// torch.cuda.current_stream(device).cuda_stream gives it; 0 for host plans (the tests' simulator).
+int64_t current_stream(const c10::Device& device) {
+  if (!device.is_cuda()) return 0;
+  const c10::impl::VirtualGuardImpl impl(device.type());
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(impl.getStream(device).native_handle()));
+}
+
 struct Plan {
   c10::Device device{c10::kCPU};
   std::vector<Input> inputs;
   std::vector<Buffer> buffers;
   std::vector<Launch> launches;
   std::vector<int64_t> outputs, keep;  // indices into the table (inputs first, then buffers)
+  std::vector<pybind11::object> output_keys, keep_keys;   // their names, for call()'s dict (label())
 
   bool matches(const std::vector<at::Tensor>& t) const {
     if (t.size() != inputs.size()) return false;
@@ -112,57 +144,162 @@ class Launcher {
   // (plan id or -1 when no plan matches, index of the launch that failed or -1, its status, tensors)
   std::tuple<int64_t, int64_t, int64_t, std::vector<at::Tensor>> run(
       const std::vector<at::Tensor>& tensors, const std::vector<double>& call_scalars, int64_t stream, bool keep) {
+    const int64_t pi = find(tensors);
+    if (pi < 0) return {-1, -1, 0, {}};
+    std::vector<at::Tensor> table;
+    const auto [failed, rc] = execute(plans_[pi], tensors, call_scalars, stream, table);
+    if (failed >= 0) return {ids_[pi], failed, rc, {}};
+    std::vector<at::Tensor> out;
+    for (int64_t i : keep ? plans_[pi].keep : plans_[pi].outputs) out.push_back(table[i]);
+    return {ids_[pi], -1, 0, std::move(out)};
+  }
+
+  // The program's argument names, in run()'s order, and each scalar's default (nan: none).
+  void names(const std::vector<std::string>& tensors, const std::vector<std::string>& scalars,
+             const std::vector<double>& defaults) {
+    TORCH_CHECK(scalars.size() == defaults.size());
+    tensor_keys_.clear();
+    scalar_keys_.clear();
+    for (const auto& n : tensors) tensor_keys_.push_back(interned(n));
+    for (const auto& n : scalars) scalar_keys_.push_back(interned(n));
+    scalar_defaults_ = defaults;
+  }
+
+  // The names of a plan's outputs and of its keep=True tensors, in its outputs/keep order.
+  void label(int64_t id, const std::vector<std::string>& outputs, const std::vector<std::string>& keep) {
     for (size_t pi = 0; pi < plans_.size(); ++pi) {
-      const Plan& p = plans_[pi];
-      if (!p.matches(tensors)) continue;
-      std::vector<at::Tensor> table(tensors);
-      table.reserve(tensors.size() + p.buffers.size());
-      for (const Buffer& b : p.buffers)
-        table.push_back(at::empty(b.shape, at::TensorOptions().dtype(b.dtype).device(p.device)));
-      std::vector<void*> ptrs;
-      std::vector<float> scalars;
-      for (size_t k = 0; k < p.launches.size(); ++k) {
-        const Launch& l = p.launches[k];
-        ptrs.assign(l.slots.size() + 1, nullptr);
-        for (size_t j = 0; j < l.slots.size(); ++j)
-          ptrs[j] = l.slots[j] < 0 ? nullptr : table[l.slots[j]].data_ptr();
-        scalars = l.scalars;
-        scalars.push_back(0.0f);      // never an empty array
-        for (const auto& rs : l.runtime_scalars) {
-          if (rs.second < 0 || rs.second >= static_cast<int64_t>(call_scalars.size()))
-            return {ids_[pi], static_cast<int64_t>(k), -100, {}};
-          scalars[rs.first] = static_cast<float>(call_scalars[rs.second]);
-        }
-        at::Tensor ws;
-        if (l.workspace > 0) ws = at::empty({l.workspace}, at::TensorOptions().dtype(at::kByte).device(p.device));
-        int rc = l.fn(ptrs.data(), l.dims.data(), scalars.data(), reinterpret_cast<void*>(static_cast<uintptr_t>(stream)),
-                      l.workspace > 0 ? ws.data_ptr() : nullptr, static_cast<size_t>(l.workspace));
-        if (rc != 0) return {ids_[pi], static_cast<int64_t>(k), rc, {}};
-      }
-      std::vector<at::Tensor> out;
-      for (int64_t i : keep ? p.keep : p.outputs) out.push_back(table[i]);
-      return {ids_[pi], -1, 0, std::move(out)};
+      if (ids_[pi] != id) continue;
+      Plan& p = plans_[pi];
+      TORCH_CHECK(outputs.size() == p.outputs.size() && keep.size() == p.keep.size(), "names for another plan");
+      p.output_keys.clear();
+      p.keep_keys.clear();
+      for (const auto& n : outputs) p.output_keys.push_back(interned(n));
+      for (const auto& n : keep) p.keep_keys.push_back(interned(n));
+      return;
     }
-    return {-1, -1, 0, {}};
+    TORCH_CHECK(false, "no plan ", id);
+  }
+
+  // A call with the caller's keyword arguments: the outputs' dict; None where the Python path must
+  // take it (a name it does not know, a missing or non-tensor argument, a scalar that is not a plain
+  // finite number, no matching plan, names not given); (plan id, failed launch, status) on a failure.
+  pybind11::object call(const pybind11::dict& args, bool keep) {
+    PyObject* dict = args.ptr();
+    const Py_ssize_t given = PyDict_Size(dict);
+    Py_ssize_t found = 0;
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(tensor_keys_.size());
+    for (const auto& key : tensor_keys_) {
+      PyObject* v = PyDict_GetItem(dict, key.ptr());        // borrowed
+      if (v == nullptr || !THPVariable_Check(v)) return pybind11::none();
+      tensors.push_back(THPVariable_Unpack(v));
+      ++found;
+    }
+    std::vector<double> scalars(scalar_keys_.size());
+    for (size_t i = 0; i < scalar_keys_.size(); ++i) {
+      PyObject* v = PyDict_GetItem(dict, scalar_keys_[i].ptr());
+      double x = scalar_defaults_[i];
+      if (v != nullptr) {
+        ++found;
+        if (PyFloat_CheckExact(v)) {
+          x = PyFloat_AS_DOUBLE(v);
+        } else if (PyLong_CheckExact(v)) {
+          x = PyLong_AsDouble(v);
+          if (x == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return pybind11::none();
+          }
+        } else if (THPVariable_Check(v)) {                   // one number in host memory, as .item() reads it
+          const at::Tensor& t = THPVariable_Unpack(v);
+          if (!t.device().is_cpu() || t.numel() != 1 || t.is_complex() || t.scalar_type() == at::kBool)
+            return pybind11::none();
+          x = t.item<double>();
+        } else {
+          return pybind11::none();                          // bool, numpy, a device tensor: Python decides
+        }
+      }
+      if (!std::isfinite(x)) return pybind11::none();       // also: no default and not given
+      scalars[i] = x;
+    }
+    if (found != given || tensor_keys_.empty()) return pybind11::none();
+    const int64_t pi = find(tensors);
+    if (pi < 0) return pybind11::none();
+    const Plan& p = plans_[pi];
+    const auto& keys = keep ? p.keep_keys : p.output_keys;
+    const auto& which = keep ? p.keep : p.outputs;
+    if (keys.size() != which.size()) return pybind11::none();
+    std::vector<at::Tensor> table;
+    const auto [failed, rc] = execute(p, tensors, scalars, current_stream(p.device), table);
+    if (failed >= 0) return pybind11::make_tuple(ids_[pi], failed, rc);
+    pybind11::dict out;
+    for (size_t j = 0; j < which.size(); ++j)
+      out[keys[j]] = pybind11::reinterpret_steal<pybind11::object>(THPVariable_Wrap(table[which[j]]));
+    return std::move(out);
   }
 
   int64_t size() const { return static_cast<int64_t>(plans_.size()); }
 
  private:
+  static pybind11::object interned(const std::string& name) {
+    return pybind11::reinterpret_steal<pybind11::object>(PyUnicode_InternFromString(name.c_str()));
+  }
+
+  // The newest plan whose signature the tensors match, or -1.
+  int64_t find(const std::vector<at::Tensor>& tensors) const {
+    for (size_t pi = 0; pi < plans_.size(); ++pi)
+      if (plans_[pi].matches(tensors)) return static_cast<int64_t>(pi);
+    return -1;
+  }
+
+  // Allocate the plan's buffers into `table` (after the inputs) and launch its kernels in order:
+  // (index of the launch that failed or -1, its status).
+  static std::pair<int64_t, int64_t> execute(const Plan& p, const std::vector<at::Tensor>& tensors,
+                                             const std::vector<double>& call_scalars, int64_t stream,
+                                             std::vector<at::Tensor>& table) {
+    table.reserve(tensors.size() + p.buffers.size());
+    table.assign(tensors.begin(), tensors.end());
+    for (const Buffer& b : p.buffers) table.push_back(allocate(b, p.device));
+    std::vector<void*> ptrs;
+    std::vector<float> scalars;
+    for (size_t k = 0; k < p.launches.size(); ++k) {
+      const Launch& l = p.launches[k];
+      ptrs.assign(l.slots.size() + 1, nullptr);
+      for (size_t j = 0; j < l.slots.size(); ++j)
+        ptrs[j] = l.slots[j] < 0 ? nullptr : table[l.slots[j]].data_ptr();
+      scalars = l.scalars;
+      scalars.push_back(0.0f);      // never an empty array
+      for (const auto& rs : l.runtime_scalars) {
+        if (rs.second < 0 || rs.second >= static_cast<int64_t>(call_scalars.size())) return {static_cast<int64_t>(k), -100};
+        scalars[rs.first] = static_cast<float>(call_scalars[rs.second]);
+      }
+      at::Tensor ws;
+      if (l.workspace > 0) ws = allocate(Buffer{at::kByte, {l.workspace}}, p.device);
+      int rc = l.fn(ptrs.data(), l.dims.data(), scalars.data(), reinterpret_cast<void*>(static_cast<uintptr_t>(stream)),
+                    l.workspace > 0 ? ws.data_ptr() : nullptr, static_cast<size_t>(l.workspace));
+      if (rc != 0) return {static_cast<int64_t>(k), rc};
+    }
+    return {-1, 0};
+  }
+
   static constexpr size_t kMaxPlans = 8;
   std::vector<Plan> plans_;
   std::vector<int64_t> ids_;
   int64_t next_id_ = 0;
+  std::vector<pybind11::object> tensor_keys_, scalar_keys_;
+  std::vector<double> scalar_defaults_;
 };
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "epic's compiled call path (templates/launcher.cpp)";
-  m.attr("ABI") = 1;
+  m.attr("ABI") = 2;
   pybind11::class_<Launcher>(m, "Launcher")
       .def(pybind11::init<>())
       .def("add", &Launcher::add)
       .def("run", &Launcher::run)
+      .def("names", &Launcher::names)
+      .def("label", &Launcher::label)
+      .def("call", &Launcher::call)
       .def("__len__", &Launcher::size);
 }

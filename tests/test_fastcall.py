@@ -128,6 +128,120 @@ def test_a_failed_launch_names_the_launch_and_its_status(module):
     assert (got, failed, out) == (plan, 0, []) and rc != 0
 
 
+# ---------------------------------------------------------------- call(): the caller's keywords as they are
+def _bound_for_call(module, name, shape, seed=5):
+    """A Launcher with the case's plan registered and its names given, as CompiledProgram does it,
+    and the case's keyword arguments (tensors on the host, scalars left out)."""
+    case = prepare(name, "small_m", shape)
+    inputs = harness.make_inputs(case, seed=seed)
+    fast = module.Launcher()
+    with harness.one_torch_thread():
+        harness.run_compiled(case, inputs, fast)
+    program = case.program
+    scalars = [t for t in program.inputs() if t.is_scalar]
+    fast.names([t.name for t in program.inputs() if not t.is_scalar], [t.name for t in scalars],
+               [float(t.default) if t.default is not None else float("nan") for t in scalars])
+    kwargs = {t.name: harness._host_tensor(program.tensors[t.name], inputs[t.name])
+              for t in program.inputs() if not t.is_scalar}
+    return case, fast, kwargs
+
+
+@pytest.mark.parametrize("name", ["samples/residual_rmsnorm.epi", "tests/programs/every_primitive.epi"])
+def test_call_gives_what_run_gives_by_name(module, name):
+    case, fast, kwargs = _bound_for_call(module, name, (77, 392, 200))
+    scalars = {t.name: 0.75 for t in case.program.inputs() if t.is_scalar}   # not their defaults
+    names = [t.name for t in case.program.inputs() if not t.is_scalar]
+    with harness.one_torch_thread():
+        for keep in (False, True):
+            got = fast.call({**kwargs, **scalars}, keep)
+            want = fast.run([kwargs[n] for n in names], list(scalars.values()), 0, keep)
+            assert want[1:3] == (-1, 0)
+            assert type(got) is dict and len(got) == len(want[3])
+            for (n, x), y in zip(got.items(), want[3]):
+                assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), n
+            expected = {t.name for t in case.program.outputs()}
+            assert expected <= set(got) if keep else set(got) == expected
+
+
+def test_call_defaults_a_left_out_scalar_and_takes_ints(module):
+    case, fast, kwargs = _bound_for_call(module, "tests/programs/every_primitive.epi", (1, 392, 200))
+    (alpha,) = [t for t in case.program.inputs() if t.is_scalar and t.name == "alpha"]
+    others = {t.name: float(t.default) for t in case.program.inputs() if t.is_scalar and t.name != "alpha"}
+    with harness.one_torch_thread():
+        as_int = fast.call({**kwargs, **others, "alpha": 2}, False)
+        as_float = fast.call({**kwargs, **others, "alpha": 2.0}, False)
+        other = fast.call({**kwargs, **others, "alpha": -3.5}, False)
+        if alpha.default is not None:
+            left_out = fast.call({**kwargs, **others}, False)
+            given = fast.call({**kwargs, **others, "alpha": float(alpha.default)}, False)
+            assert all(torch.equal(left_out[n], given[n]) for n in given)
+        as_tensor = fast.call({**kwargs, **others, "alpha": torch.tensor(2.0, dtype=torch.float64)}, False)
+    assert all(torch.equal(as_int[n], as_float[n]) for n in as_float)
+    assert all(torch.equal(as_tensor[n], as_float[n]) for n in as_float)
+    assert any(not torch.equal(as_float[n], other[n]) for n in other)
+
+
+def test_call_leaves_anything_it_cannot_take_to_python(module):
+    case, fast, kwargs = _bound_for_call(module, "samples/residual_rmsnorm.epi", (77, 392, 200))
+    assert type(fast.call(kwargs, False)) is dict
+    first = next(iter(kwargs))
+    x = kwargs[first]
+    cases = {
+        "unknown name": dict(kwargs, zz=torch.zeros(1)),
+        "missing tensor": {k: v for k, v in kwargs.items() if k != first},
+        "not a tensor": dict(kwargs, **{first: [1.0, 2.0]}),
+        "nan scalar": dict(kwargs, eps=float("nan")),
+        "inf scalar": dict(kwargs, eps=float("inf")),
+        "bool scalar": dict(kwargs, eps=True),
+        "bool tensor scalar": dict(kwargs, eps=torch.tensor(True)),
+        "two-number scalar": dict(kwargs, eps=torch.tensor([0.5, 0.5])),
+        "meta scalar": dict(kwargs, eps=torch.empty((), device="meta")),
+        "int beyond double": dict(kwargs, eps=10 ** 400),
+        "another shape": dict(kwargs, **{first: x[:-1].contiguous()}),
+        "misaligned": dict(kwargs, **{first: torch.empty(x.numel() + 8, dtype=x.dtype)[1:x.numel() + 1].view(x.shape)}),
+    }
+    for what, args in cases.items():
+        assert fast.call(args, False) is None, what
+    nameless = module.Launcher()                      # registered plans, but never told the names
+    assert nameless.call(kwargs, False) is None
+
+
+def test_call_leaves_a_missing_required_scalar_to_python(module):
+    fast = module.Launcher()
+    x = torch.zeros(4)
+    plan = fast.add(0, -1, [x], [[4]], [[1]], [torch.empty(0, dtype=torch.float16)], [[2, 3]],
+                    [], [], [], [], [], [], [1], [0, 1])   # no launches: y is a fresh buffer
+    fast.names(["x"], ["s"], [float("nan")])           # s has no default
+    fast.label(plan, ["y"], ["x", "y"])
+    assert fast.call({"x": x}, False) is None
+    out = fast.call({"x": x, "s": 1.0}, False)
+    assert list(out) == ["y"] and out["y"].shape == (2, 3) and out["y"].dtype == torch.float16
+    kept = fast.call({"x": x, "s": 1.0}, True)
+    assert list(kept) == ["x", "y"] and kept["x"] is x
+
+
+def test_call_reports_a_failed_launch_by_plan_and_status(module):
+    fast = module.Launcher()
+    x = torch.zeros(4)
+    plan = fast.add(0, -1, [x], [[4]], [[1]], [], [], [_abs_address()], [[0]], [[4]], [[]], [[]], [0], [0], [0])
+    fast.names(["x"], [], [])
+    fast.label(plan, ["x"], ["x"])
+    got, failed, rc = fast.call({"x": x}, False)
+    assert (got, failed) == (plan, 0) and rc != 0
+
+
+def test_labels_must_fit_their_plan(module):
+    fast = module.Launcher()
+    x = torch.zeros(4)
+    plan = fast.add(0, -1, [x], [[4]], [[1]], [], [], [], [], [], [], [], [], [0], [0])
+    with pytest.raises(RuntimeError, match="another plan"):
+        fast.label(plan, ["x", "y"], ["x"])
+    with pytest.raises(RuntimeError, match="no plan"):
+        fast.label(plan + 1, ["x"], ["x"])
+    with pytest.raises(RuntimeError):
+        fast.names(["x"], ["s"], [])
+
+
 # ---------------------------------------------------------------- the Python side of a call
 class _Library:
     def __init__(self):
@@ -139,13 +253,13 @@ class _Library:
 
 
 class _Fake:
-    """A Launcher that answers what it is told to, recording its calls."""
+    """A Launcher whose call() answers what it is told to, recording its calls."""
 
     def __init__(self, answer):
         self.answer, self.calls = answer, []
 
-    def run(self, tensors, scalars, stream, keep):
-        self.calls.append((tensors, scalars, stream, keep))
+    def call(self, args, keep):
+        self.calls.append((args, keep))
         return self.answer
 
 
@@ -165,45 +279,32 @@ def _args(prog, **extra):
     return {**{t.name: torch.zeros(2) for t in prog.inputs if not t.is_scalar}, **extra}
 
 
-def test_the_call_maps_outputs_and_keep_by_the_plan_it_ran():
-    a, b = torch.ones(1), torch.zeros(1)
-    prog, fake, _ = _program_with_fake((4, -1, 0, [a]))
-    out = prog(**_args(prog))
-    assert list(out) == ["y"] and out["y"] is a
-    assert fake.calls[-1][1:] == ([1e-6], 0, False)            # eps's default
-    fake.answer = (4, -1, 0, [a, b])
+def test_the_call_hands_its_keywords_over_and_returns_the_answer():
+    a = torch.ones(1)
+    prog, fake, _ = _program_with_fake({"y": a})
     args = _args(prog, eps=0.5)
     out = prog(keep=True, **args)
-    assert list(out) == ["y", "part"] and out["part"] is b
-    tensors, scalars, stream, keep = fake.calls[-1]
-    assert scalars == [0.5] and stream == 0 and keep is True
-    names = [t.name for t in prog.inputs if not t.is_scalar]
-    assert len(tensors) == len(names) and all(t is args[n] for t, n in zip(tensors, names))
+    assert out == {"y": a}
+    given, keep = fake.calls[-1]
+    assert given == args and keep is True
 
 
 def test_a_failed_launch_raises_its_librarys_error():
-    prog, fake, lib = _program_with_fake((4, 0, 7, []))
+    prog, fake, lib = _program_with_fake((4, 0, 7))
     with pytest.raises(EpicError):
         prog(**_args(prog))
     assert lib.errors == [7]
 
 
-@pytest.mark.parametrize("how", ["unknown name", "missing tensor", "not a tensor", "bad scalar", "poison"])
-def test_what_the_launcher_cannot_take_goes_to_the_python_path(how):
-    prog, fake, _ = _program_with_fake((4, -1, 0, []))
-    args = _args(prog)
-    first = next(iter(args))
-    kwargs = {"unknown name": dict(args, zz=torch.zeros(1)), "missing tensor": {k: v for k, v in args.items() if k != first},
-              "not a tensor": dict(args, **{first: [1.0, 2.0]}), "bad scalar": dict(args, eps=float("nan")),
-              "poison": dict(args, poison=True)}[how]
-    with pytest.raises(EpicError) as e:            # the Python path's own diagnostic (E601/E603/E602, E604)
-        prog(**kwargs)
-    assert e.value.codes[0].startswith("E6")
-    assert fake.calls == []
+def test_poison_never_reaches_the_launcher():
+    prog, fake, _ = _program_with_fake({"y": torch.ones(1)})
+    with pytest.raises(EpicError) as e:            # CPU tensors: the Python path refuses them (E604)
+        prog(poison=True, **_args(prog))
+    assert e.value.codes[0].startswith("E6") and fake.calls == []
 
 
-def test_no_plan_goes_to_the_python_path():
-    prog, fake, _ = _program_with_fake((-1, -1, 0, []))
+def test_what_the_launcher_leaves_goes_to_the_python_path():
+    prog, fake, _ = _program_with_fake(None)
     with pytest.raises(EpicError) as e:             # CPU tensors: the Python path refuses them (E604)
         prog(**_args(prog))
     assert len(fake.calls) == 1 and e.value.codes[0].startswith("E6")

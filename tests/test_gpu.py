@@ -388,10 +388,13 @@ def test_compiled_call_path_gives_the_python_paths_bytes(name, size):
     fast = prog(keep=True, **inputs)
     torch.cuda.synchronize()
     assert fastcall.why_not() is None and prog._fast is not None and len(prog._fast) == 1
+    direct = prog._fast.call(inputs, True)           # the launcher took the call itself (not Python's path)
+    assert type(direct) is dict and set(direct) == set(slow)
     assert set(fast) == set(slow)
     for k in slow:
         assert torch.equal(fast[k].reshape(-1).view(torch.uint8), slow[k].reshape(-1).view(torch.uint8)), k
         assert fast[k].data_ptr() != slow[k].data_ptr()
+        assert torch.equal(direct[k].reshape(-1).view(torch.uint8), slow[k].reshape(-1).view(torch.uint8)), k
     outputs = prog(**inputs)
     assert set(outputs) == {t.name for t in prog.outputs}
 

@@ -98,7 +98,6 @@ class CompiledProgram:
         self._op = None
         self._scalar_inputs = [t for t in self.program.inputs() if t.is_scalar]
         self._tensor_names = [t.name for t in self.program.inputs() if not t.is_scalar]
-        self._names = frozenset(t.name for t in self.program.inputs())
         self._fast = None                                # fastcall's Launcher, once a CUDA signature is bound
         self._fast_bound: dict[int, binding.Bound] = {}   # its plan ids -> bound plans
 
@@ -172,9 +171,14 @@ class CompiledProgram:
             return self.unfused(compiled=self.fallback == "compiled", **args)
         fast = self._fast
         if fast is not None and not positional and not poison:
-            result = self._call_fast(fast, args, keep)
-            if result is not None:
+            # the compiled launcher reads the keyword arguments itself (templates/launcher.cpp): the
+            # outputs' dict; None where the Python path below must take the call (an argument it does not
+            # know, a signature not bound yet, a misaligned pointer, a scalar that is not a plain number)
+            result = fast.call(args, keep)
+            if type(result) is dict:
                 return result
+            if result is not None:
+                self._launch_failed(*result)
         if positional:
             raise error("E601", f"a compiled program takes its tensors and scalars by name, got {len(positional)} "
                         "positional argument(s)", None, "call it as prog(" + ", ".join(
@@ -206,30 +210,14 @@ class CompiledProgram:
         names = bound.keep if keep else bound.outputs
         return {n: buffers[n] for n in names}
 
-    def _call_fast(self, fast, args: dict, keep: bool) -> dict[str, torch.Tensor] | None:
-        """One call through the compiled launcher; None where the Python path must take it (an
-        argument it does not know, a signature not bound yet, a misaligned pointer, a bad value)."""
-        if not self._names.issuperset(args):
-            return None
-        try:
-            tensors = [args[n] for n in self._tensor_names]
-            scalars = [scalar_value(t, args.get(t.name)) for t in self._scalar_inputs]
-            index = tensors[0].get_device()
-            stream = _current_raw_stream(index) if index >= 0 else 0
-            plan, failed, rc, out = fast.run(tensors, scalars, stream, keep)
-        except (KeyError, AttributeError, TypeError, EpicError):
-            return None
-        if plan < 0:
-            return None
-        bound = self._fast_bound[plan]
-        if failed >= 0:
-            raise bound.launches[failed].library.launch_error(rc)
-        return dict(zip(bound.keep if keep else bound.outputs, out))
+    def _launch_failed(self, plan: int, failed: int, rc: int):
+        """The compiled launcher's launch `failed` of its plan `plan` returned status rc: its library's error."""
+        raise self._fast_bound[plan].launches[failed].library.launch_error(rc)
 
     def _register_fast(self, bound: binding.Bound, tensors: list[torch.Tensor]) -> None:
         with self._lock:
             if self._fast is None:
-                self._fast = fastcall.launcher()
+                self._fast = fastcall.launcher(self._tensor_names, self._scalar_inputs)
             if self._fast is not None:
                 self._fast_bound[fastcall.register(self._fast, bound, tensors, self._tensor_names,
                                                    [t.name for t in self._scalar_inputs])] = bound

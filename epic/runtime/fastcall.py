@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import importlib.util
+import math
 import os
 import shutil
 import subprocess
@@ -31,7 +32,7 @@ from . import build, cache
 
 SOURCE = Path(__file__).resolve().parent.parent / "templates" / "launcher.cpp"
 MODULE = "epic_launcher"            # PYBIND11_MODULE's name; cache.LAUNCHER_EXPORTS names its PyInit
-ABI = 1                             # the Launcher.add/run signature; the module states its own
+ABI = 2                             # the Launcher.add/run/names/label/call signatures; the module states its own
 _DEVICE_TYPES = {"cpu": 0, "cuda": 1}   # c10::DeviceType
 
 _LOCK = threading.Lock()
@@ -73,11 +74,17 @@ def library_path(exe: str) -> Path:
     return cache.cache_dir() / h.hexdigest()[:24] / f"{MODULE}.so"
 
 
-def launcher():
+def launcher(tensor_names: list[str] = (), scalars: list = ()):
     """A new Launcher (one per compiled program), or None where the compiled call path is off or
-    unavailable (the first time, a warning says why)."""
+    unavailable (the first time, a warning says why). tensor_names and scalars (the program's scalar
+    inputs) are what its call() looks up in a caller's keyword arguments."""
     module = _module()
-    return module.Launcher() if module is not None else None
+    if module is None:
+        return None
+    fast = module.Launcher()
+    fast.names(list(tensor_names), [t.name for t in scalars],
+               [float(t.default) if t.default is not None else math.nan for t in scalars])
+    return fast
 
 
 def library() -> Path | None:
@@ -165,7 +172,7 @@ def register(fast, bound, tensors: list[torch.Tensor], tensor_names: list[str], 
     scalar_index = {n: i for i, n in enumerate(scalar_names)}
     launches = bound.launches
     device = torch.device(bound.device)
-    return fast.add(
+    plan = fast.add(
         _DEVICE_TYPES[device.type], device.index if device.index is not None else -1,
         [torch.empty(0, dtype=x.dtype) for x in tensors], [list(x.shape) for x in tensors],
         [list(x.stride()) for x in tensors],
@@ -178,6 +185,8 @@ def register(fast, bound, tensors: list[torch.Tensor], tensor_names: list[str], 
         [[x for i, name in l.runtime_scalars for x in (i, scalar_index[name])] for l in launches],
         [int(l.workspace) for l in launches],
         [table[n] for n in bound.outputs], [table[n] for n in bound.keep])
+    fast.label(plan, list(bound.outputs), list(bound.keep))
+    return plan
 
 
 def launch_address(library) -> int:
