@@ -36,7 +36,12 @@ struct Sm90PeriodicRowBroadcast : detail::NoWorkspaceNoLoads {
 
   Params params;
 
-  template <class CoordTensor>
+  // Column c of a thread's element reads ptr[c % period]. One division per subtile (the subtile's first
+  // element); every other element is that remainder plus its distance in columns, known at compile
+  // time and shorter than the subtile, so one conditional add or subtract (a select, no branch) brings
+  // it back into [0, period) when the period is at least the subtile's width. Narrower periods (a
+  // head narrower than the subtile) divide per element, as a uniform choice per subtile.
+  template <int EpiN, class CoordTensor>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
     CUTLASS_DEVICE
     ConsumerStoreCallbacks(CoordTensor tCcD, int base, Params const& params)
@@ -45,17 +50,36 @@ struct Sm90PeriodicRowBroadcast : detail::NoWorkspaceNoLoads {
     CoordTensor tCcD;  // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) coordinates relative to this thread's first element
     int base;          // absolute column of this thread's first element
     Params const& params;
+    int ref = 0;       // this subtile's first element's column (relative to base)
+    int ref_mod = 0;   // (base + ref) % period
+
+    CUTLASS_DEVICE void
+    begin_loop(int epi_m, int epi_n) {
+      using namespace cute;
+      ref = int(get<1>(tCcD(_,_,_,epi_m,epi_n)(0)));
+      ref_mod = (base + ref) % params.period;
+    }
 
     template <class ElementAccumulator, int FragmentSize>
     CUTLASS_DEVICE cutlass::Array<float, FragmentSize>
     visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n) {
       using namespace cute;
       Tensor tCcD_mn = tCcD(_,_,_,epi_m,epi_n);
+      int const period = params.period;
       cutlass::Array<float, FragmentSize> out;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < FragmentSize; ++i) {
-        int col = base + int(get<1>(tCcD_mn(epi_v * FragmentSize + i)));
-        out[i] = float(params.ptr[col % params.period]);
+      if (period >= EpiN) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; ++i) {
+          int at = ref_mod + (int(get<1>(tCcD_mn(epi_v * FragmentSize + i))) - ref);   // |distance| < EpiN
+          at += at < 0 ? period : 0;
+          at -= at >= period ? period : 0;
+          out[i] = float(params.ptr[at]);
+        }
+      } else {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; ++i) {
+          out[i] = float(params.ptr[(base + int(get<1>(tCcD_mn(epi_v * FragmentSize + i)))) % period]);
+        }
       }
       return out;
     }
@@ -66,7 +90,8 @@ struct Sm90PeriodicRowBroadcast : detail::NoWorkspaceNoLoads {
   get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
     using namespace cute;
     int base = int(get<1>(args.problem_shape_mnkl)) - int(get<1>(args.residue_tCcD));
-    return ConsumerStoreCallbacks<decltype(args.tCcD)>(args.tCcD, base, params);
+    constexpr int EpiN = int(size<1>(decltype(args.epi_tile){}));
+    return ConsumerStoreCallbacks<EpiN, decltype(args.tCcD)>(args.tCcD, base, params);
   }
 };
 

@@ -46,6 +46,9 @@ inline void* stream_scratch(int device, cudaStream_t stream, int purpose, size_t
   if (side != nullptr) {
     cudaStreamDestroy(side);
   }
+  if (!ok && ptr != nullptr) {       // allocated, but the side stream or the zeroing failed
+    cudaFree(ptr);
+  }
   cudaThreadExchangeStreamCaptureMode(&mode);
   if (!ok) {
     (void)cudaGetLastError();
