@@ -36,7 +36,9 @@ PROGRAMS = {
     "tests/programs/combine_reads.epi": lambda m, n, k: dict(M=m, K=k, N=n),
     "samples/fp8_delayed_scaling.epi": lambda m, n, k: dict(M=m, K=_up(k, 16), N=_up(n, 16)),
     "samples/q_proj_per_head.epi": lambda m, n, k: dict(M=m, D=k, H=4, Dh=_up(n // 4, 2)),
-    "tests/programs/per_head.epi": lambda m, n, k: dict(M=m, D=k, H=4, Dh=_up(n // 4, 2)),
+    # 16 heads: Dh = 16-36, narrower than most epilogue subtiles (the per-head node's per-element
+    # division path); the sample above keeps Dh = 64-144 (its one-division-per-subtile path)
+    "tests/programs/per_head.epi": lambda m, n, k: dict(M=m, D=k, H=16, Dh=_up(n // 16, 2)),
     "tests/programs/fp8_mixed.epi": lambda m, n, k: dict(M=m, K=_up(k, 16), N=_up(n, 16)),
     "tests/programs/coordinates.epi": lambda m, n, k: dict(M=m, D=k, N=n),
     "tests/programs/quant_no_scales.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 64)),
