@@ -82,6 +82,9 @@ struct Plan {
       const at::Tensor& x = t[i];
       const Input& e = inputs[i];
       if (!x.defined() || x.scalar_type() != e.dtype || x.device() != device) return false;
+      // sizes(), strides() and data_ptr() throw for these: sparse, nested, and storage-less (vmap's
+      // batched, functorch's wrapped) tensors go to the Python path, which refuses them clearly
+      if (x.is_nested() || x.layout() != at::kStrided || !x.has_storage()) return false;
       if (x.sizes() != at::IntArrayRef(e.sizes) || x.strides() != at::IntArrayRef(e.strides)) return false;
       if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) return false;
     }

@@ -33,6 +33,7 @@ def recorded(text: str, inputs: dict, scalars: dict) -> graphs.Captured:
     return g
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 def test_a_replay_copies_new_inputs_and_refuses_what_the_graph_cannot_take():
     x, w = torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(8, 16, dtype=torch.bfloat16).t().contiguous().t()
     g = recorded(SCALED, {"x": x, "w": w}, {"a": 2.0})
@@ -47,7 +48,10 @@ def test_a_replay_copies_new_inputs_and_refuses_what_the_graph_cannot_take():
                         ({"w": torch.zeros(8, 16, dtype=torch.bfloat16)}, "'w' was recorded as"),
                         ({"a": 3.0}, "scalar 'a' was 2.0 when the graph was recorded, got 3.0"),
                         ({"q": x}, "no input tensor named 'q'"),
-                        ({"x": [[1.0]]}, "'x' must be a tensor, got list")]:
+                        ({"x": [[1.0]]}, "'x' must be a tensor, got list"),
+                        ({"x": torch.ones(4, 8, dtype=torch.bfloat16).to_sparse()}, "'x' is a sparse_coo tensor"),
+                        ({"x": torch.nested.nested_tensor([torch.ones(8, dtype=torch.bfloat16)] * 4)},
+                         "'x' is a nested tensor")]:
         before = x.clone()
         with pytest.raises(EpicError) as info:
             g(x=torch.full((4, 8), 7.0, dtype=torch.bfloat16), **args) if "x" not in args else g(**args)

@@ -200,8 +200,18 @@ def test_call_leaves_anything_it_cannot_take_to_python(module):
         "another shape": dict(kwargs, **{first: x[:-1].contiguous()}),
         "misaligned": dict(kwargs, **{first: torch.empty(x.numel() + 8, dtype=x.dtype)[1:x.numel() + 1].view(x.shape)}),
     }
+    # tensors whose sizes, strides or data pointer throw: sparse, nested, vmap's batched (no storage)
+    cases["sparse"] = dict(kwargs, **{first: x.to_sparse()})
+    cases["nested"] = dict(kwargs, **{first: torch.nested.nested_tensor([x[0], x[1]])})
     for what, args in cases.items():
         assert fast.call(args, False) is None, what
+    seen = []
+
+    def under_vmap(xb):
+        seen.append(fast.call(dict(kwargs, **{first: xb}), False))
+        return xb
+    torch.func.vmap(under_vmap)(x.unsqueeze(0))
+    assert seen == [None]
     nameless = module.Launcher()                      # registered plans, but never told the names
     assert nameless.call(kwargs, False) is None
 
@@ -294,6 +304,13 @@ def test_a_failed_launch_raises_its_librarys_error():
     with pytest.raises(EpicError):
         prog(**_args(prog))
     assert lib.errors == [7]
+
+
+def test_keep_reaches_the_launcher_as_a_bool():
+    prog, fake, _ = _program_with_fake({"y": torch.ones(1)})
+    prog(keep=1, **_args(prog))
+    prog(keep=[], **_args(prog))
+    assert [keep for _, keep in fake.calls] == [True, False]
 
 
 def test_poison_never_reaches_the_launcher():

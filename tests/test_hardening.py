@@ -744,7 +744,7 @@ TENSOR_ARGS = st.one_of(
               st.lists(st.integers(0, 70), max_size=3).map(tuple),
               st.sampled_from([BF, torch.float32, torch.float16, torch.int32, torch.uint8, torch.bool, torch.complex64])),
     st.sampled_from([None, 1.0, [[1.0]], "x", torch.zeros(64, 16, dtype=BF).t(), torch.zeros(16, 128, dtype=BF)[:, ::2],
-                     torch.zeros(16, 64, dtype=BF, device="meta")]))
+                     torch.zeros(16, 64, dtype=BF, device="meta"), torch.zeros(64, 16, dtype=BF).to_sparse()]))
 
 
 @many(80)

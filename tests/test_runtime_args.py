@@ -66,6 +66,33 @@ def test_strides(prog):
     assert e.codes == ["E605"] and "contiguous" in str(e)
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors", "ignore:Sparse CSR tensor support")
+@pytest.mark.parametrize("kind", ["sparse_coo", "sparse_csr", "nested"])
+def test_tensors_that_are_not_dense_are_refused(prog, kind):
+    x = good()["x"]
+    odd = {"sparse_coo": x.to_sparse, "sparse_csr": x.to_sparse_csr,
+           "nested": lambda: torch.nested.nested_tensor([x[0], x[1]])}[kind]()
+    for _ in range(2):                       # the second time through the bound-signature lookup
+        e = refused(prog, **dict(good(), x=odd))
+        assert e.codes == ["E605"] and f"'x' is a {kind} tensor" in str(e)
+    with pytest.raises(EpicError) as info:     # the reference interpreter too
+        prog.reference(**dict(good(), x=odd))
+    assert info.value.codes == ["E603"] and "dense" in str(info.value)
+
+
+def test_a_tensor_inside_vmap_is_refused(prog):
+    args, caught = good(), []
+
+    def call(xb):
+        try:
+            prog(**dict(args, x=xb))
+        except EpicError as e:
+            caught.append(e)
+        return xb
+    torch.func.vmap(call)(args["x"].unsqueeze(0))
+    assert len(caught) == 1 and caught[0].codes == ["E605"] and "vmap" in str(caught[0])
+
+
 def test_alignment(prog):
     x = torch.randn(64 * 128 + 1, dtype=BF)[1:].view(64, 128)
     e = refused(prog, **dict(good(), x=x))

@@ -174,7 +174,7 @@ class CompiledProgram:
             # the compiled launcher reads the keyword arguments itself (templates/launcher.cpp): the
             # outputs' dict; None where the Python path below must take the call (an argument it does not
             # know, a signature not bound yet, a misaligned pointer, a scalar that is not a plain number)
-            result = fast.call(args, keep)
+            result = fast.call(args, bool(keep))
             if type(result) is dict:
                 return result
             if result is not None:

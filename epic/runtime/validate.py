@@ -29,6 +29,7 @@ def validate(program: Program, args: dict, cuda: bool = True) -> tuple[dict, dic
         if not isinstance(x, torch.Tensor):
             raise error("E601", f"'{name}' must be a torch.Tensor, got {type(x).__name__}", t.span,
                         f"pass a tensor of {t.describe()}, e.g. torch.as_tensor({name}).to(torch.{t.dtype.torch_name})")
+        check_dense(name, t, x)
         want = getattr(torch, t.dtype.torch_name)
         if x.dtype != want:
             raise error("E603", f"'{name}' is {x.dtype}, the program declares {t.describe()}", t.span,
@@ -57,6 +58,23 @@ def validate(program: Program, args: dict, cuda: bool = True) -> tuple[dict, dic
     return tensors, scalars, device, sizes
 
 
+def check_dense(name: str, t: Tensor, x: torch.Tensor) -> None:
+    """Kernels read dense tensors through a data pointer and strides: sparse and nested tensors, and
+    tensors without storage of their own (inside vmap or another functorch transform), are refused
+    here, before their sizes or strides are asked for (which would throw)."""
+    if x.is_nested or x.layout != torch.strided:
+        kind = "nested" if x.is_nested else str(x.layout).removeprefix("torch.")
+        raise error("E605", f"'{name}' is a {kind} tensor; kernels read dense (strided) tensors", t.span,
+                    f"pass a dense tensor, e.g. {name}.to_dense()" if not x.is_nested else
+                    "call the program once per dense tensor")
+    try:
+        x.stride()
+        x.data_ptr()
+    except RuntimeError:
+        raise error("E605", f"'{name}' has no strides or storage of its own (a tensor inside vmap or another "
+                    "functorch transform?)", t.span, "call the program outside the transform") from None
+
+
 def check_strides(name: str, t: Tensor, x: torch.Tensor) -> None:
     if t.layout == "kmajor":
         ok = x.stride(0) == 1 and (x.shape[1] == 1 or x.stride(1) == x.shape[0])
@@ -72,5 +90,12 @@ def check_strides(name: str, t: Tensor, x: torch.Tensor) -> None:
 def signature(args: dict) -> tuple:
     """What validation depends on: names, and each tensor's shape, strides, dtype and device (in the
     caller's argument order: the same call site hits the same entry). Scalars are checked per call."""
-    return tuple((k, v.shape, v.stride(), v.dtype, v.device) if isinstance(v, torch.Tensor) and v.dim() > 0
-                 else k for k, v in args.items())
+    return tuple(_signature_of(k, v) for k, v in args.items())
+
+
+def _signature_of(name: str, v) -> tuple | str:
+    if not isinstance(v, torch.Tensor) or v.dim() == 0:
+        return name
+    if v.is_nested or v.layout != torch.strided:     # never bound: validate refuses it (E605)
+        return (name, "not strided", str(v.layout), v.is_nested)
+    return (name, v.shape, v.stride(), v.dtype, v.device)
