@@ -216,8 +216,8 @@ def _tensor_input(t, x) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise error("E601", f"'{t.name}' must be a torch.Tensor, got {type(x).__name__}", t.span,
                     f"pass a tensor of {t.describe()}, e.g. torch.as_tensor({t.name})")
-    if x.is_complex() or x.is_meta or x.is_nested or x.layout != torch.strided:
-        what = "complex" if x.is_complex() else "meta" if x.is_meta else "nested" if x.is_nested else "sparse"
+    if x.is_complex() or x.is_meta or sizes_mod.not_dense(x):
+        what = "complex" if x.is_complex() else "meta" if x.is_meta else sizes_mod.not_dense(x)
         raise error("E603", f"'{t.name}' is a {what} tensor; the reference runs on real, dense tensors", t.span,
                     f"pass a real tensor of {t.describe()}")
     return x.detach().to("cpu", F64)

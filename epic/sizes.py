@@ -133,6 +133,15 @@ def check_names(program: Program, args: dict) -> None:
                     "the program takes " + ", ".join(expected))
 
 
+def not_dense(x) -> str | None:
+    """What kind of tensor x is when it is not a dense (strided) one -- "nested", "sparse_coo",
+    "sparse_csr", ... -- whose sizes or strides would throw; None for a dense tensor."""
+    if x.is_nested:
+        return "nested"
+    layout = str(x.layout).removeprefix("torch.")       # torch imported lazily, as in scalar_value
+    return None if layout == "strided" else layout
+
+
 def scalar_value(t: Tensor, value, finite: bool = True) -> float:
     """A runtime scalar argument as a float (None means: use the default). finite=False lets nan and
     inf through (the reference interpreter defines what they do; kernels refuse them)."""

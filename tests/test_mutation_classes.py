@@ -100,7 +100,9 @@ def test_random_inputs_are_reproducible_scaled_and_in_range():
 
 @pytest.mark.parametrize("make,what", [(lambda: torch.zeros(4, 8, dtype=torch.complex64), "complex"),
                                        (lambda: torch.zeros(4, 8, device="meta"), "meta"),
-                                       (lambda: torch.zeros(4, 8).to_sparse(), "sparse")])
+                                       (lambda: torch.zeros(4, 8).to_sparse(), "sparse_coo"),
+                                       (lambda: torch.nested.nested_tensor([torch.zeros(8)] * 4), "nested")])
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 def test_the_reference_names_what_kind_of_tensor_it_refuses(make, what):
     prog = epic.compile("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out y: bf16 = acc\n}\n")
     with pytest.raises(EpicError) as e:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..diagnostics import error
+from ..sizes import not_dense
 from .validate import scalar_value, validate
 
 _HINT = "capture again for other shapes, dtypes or scalar values (prog.capture(**inputs))"
@@ -53,8 +54,8 @@ class Captured:
                             "its inputs are " + ", ".join(sorted([*self.inputs, *self._scalars])))
             if not isinstance(value, torch.Tensor):
                 raise error("E609", f"'{name}' must be a tensor, got {type(value).__name__}", None, _HINT)
-            if value.is_nested or value.layout != torch.strided:     # their shape or strides would throw
-                kind = "nested" if value.is_nested else str(value.layout).removeprefix("torch.")
+            kind = not_dense(value)             # its shape or strides would throw
+            if kind:
                 raise error("E609", f"'{name}' is a {kind} tensor; the graph was recorded with a dense one", None,
                             f"pass a dense tensor ({name}.to_dense()); {_HINT}")
             recorded = (target.shape, target.dtype, target.device, target.stride())

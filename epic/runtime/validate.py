@@ -62,10 +62,10 @@ def check_dense(name: str, t: Tensor, x: torch.Tensor) -> None:
     """Kernels read dense tensors through a data pointer and strides: sparse and nested tensors, and
     tensors without storage of their own (inside vmap or another functorch transform), are refused
     here, before their sizes or strides are asked for (which would throw)."""
-    if x.is_nested or x.layout != torch.strided:
-        kind = "nested" if x.is_nested else str(x.layout).removeprefix("torch.")
+    kind = sizes_mod.not_dense(x)
+    if kind:
         raise error("E605", f"'{name}' is a {kind} tensor; kernels read dense (strided) tensors", t.span,
-                    f"pass a dense tensor, e.g. {name}.to_dense()" if not x.is_nested else
+                    f"pass a dense tensor, e.g. {name}.to_dense()" if kind != "nested" else
                     "call the program once per dense tensor")
     try:
         x.stride()
@@ -96,6 +96,7 @@ def signature(args: dict) -> tuple:
 def _signature_of(name: str, v) -> tuple | str:
     if not isinstance(v, torch.Tensor) or v.dim() == 0:
         return name
-    if v.is_nested or v.layout != torch.strided:     # never bound: validate refuses it (E605)
-        return (name, "not strided", str(v.layout), v.is_nested)
+    kind = sizes_mod.not_dense(v)
+    if kind:                                          # never bound: validate refuses it (E605)
+        return (name, kind)
     return (name, v.shape, v.stride(), v.dtype, v.device)
