@@ -99,13 +99,14 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
       return convert(frg_input);
     }
 
-    // clamp to [lo, hi]; integers round half to even and take NaN to 0, floats keep NaN
+    // clamp to [lo, hi]; integers round half to even and take NaN to 0, floats keep NaN. Written as
+    // selects: an early return for NaN may compile to a branch per element.
     CUTLASS_DEVICE static float saturate(float q, float lo, float hi, bool integer) {
-      if (q != q) {
-        return integer ? 0.f : q;
+      float c = fminf(fmaxf(q, lo), hi);     // NaN -> lo (fmaxf returns the number)
+      if (integer) {
+        c = rintf(c);
       }
-      q = fminf(fmaxf(q, lo), hi);
-      return integer ? rintf(q) : q;
+      return q != q ? (integer ? 0.f : q) : c;
     }
 
     template <class STensor, class SyncFn, class VTensor>
