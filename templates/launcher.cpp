@@ -2,9 +2,12 @@
 //
 // A call of a compiled program is one Python -> C++ transition: find the bound plan whose input
 // signature (dtype, device, sizes, strides) the tensors match and whose pointers are 16-byte aligned,
-// allocate the plan's buffers with ATen, and call each kernel library's epic_launch through the
-// function pointer the runtime registered. Anything that does not match returns "no plan", and the
-// Python path validates (and reports) as before: this file never decides that a call is wrong.
+// allocate the plan's buffers with ATen (the program's outputs one each; everything else -- tmp
+// tensors, per-tile partials, combine results, gemm workspaces -- carved from one allocation, so a
+// chain pays one allocation more than its outputs, not one per buffer), and call each kernel
+// library's epic_launch through the function pointer the runtime registered. Anything that does
+// not match returns "no plan", and the Python path validates (and reports) as before: this file
+// never decides that a call is wrong.
 // Not a Jinja template: nothing in it depends on the program.
 //
 // Two entries: run() takes the tensors and scalars in the program's order (tests, benchmarks), and
@@ -16,9 +19,9 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -36,6 +39,7 @@ struct Launch {
   std::vector<float> scalars;         // the fixed values; runtime scalars are written per call
   std::vector<std::pair<int64_t, int64_t>> runtime_scalars;   // (position, index of the call's scalar)
   int64_t workspace;
+  int64_t workspace_offset = -1;      // its place in the call's arena (when workspace > 0)
 };
 
 struct Input {
@@ -46,7 +50,18 @@ struct Input {
 struct Buffer {
   at::ScalarType dtype;
   std::vector<int64_t> shape;
+  int64_t offset = -1;                // its place in the call's arena; -1: its own allocation (an output)
+
+  int64_t nbytes() const {
+    int64_t n = static_cast<int64_t>(c10::elementSize(dtype));
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
 };
+
+// Where the arena places each buffer: TMA and vector stores want 16 bytes, the caching allocator's
+// own blocks start at 512; 256 keeps every buffer on its own sectors.
+constexpr int64_t kArenaAlign = 256;
 
 // A buffer on a CUDA device straight from torch's caching allocator (what at::empty does for CUDA,
 // without the dispatcher's round trip, about a microsecond on a slow host); elsewhere at::empty.
@@ -75,6 +90,15 @@ struct Plan {
   std::vector<Launch> launches;
   std::vector<int64_t> outputs, keep;  // indices into the table (inputs first, then buffers)
   std::vector<pybind11::object> output_keys, keep_keys;   // their names, for call()'s dict (label())
+  int64_t arena = 0;                  // bytes of the call's one allocation for everything but outputs
+  bool has_arena = false;
+
+  int64_t place(int64_t bytes) {
+    const int64_t at = (arena + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+    arena = at + bytes;
+    has_arena = true;
+    return at;
+  }
 
   bool matches(const std::vector<at::Tensor>& t) const {
     if (t.size() != inputs.size()) return false;
@@ -89,6 +113,21 @@ struct Plan {
       if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) return false;
     }
     return true;
+  }
+};
+
+// One call's tensors: the inputs, then the plan's buffers (undefined where a buffer lives in the
+// arena), every entry's device pointer, and the arena.
+struct Table {
+  std::vector<at::Tensor> tensors;
+  std::vector<void*> ptrs;
+  at::Tensor arena;
+
+  // Entry i as a tensor: an arena buffer becomes a view of the arena (keep=True only).
+  at::Tensor tensor(const Plan& p, int64_t i) const {
+    if (tensors[i].defined()) return tensors[i];
+    const Buffer& b = p.buffers[i - static_cast<int64_t>(p.inputs.size())];
+    return arena.narrow(0, b.offset, b.nbytes()).view(b.dtype).view(b.shape);
   }
 };
 
@@ -135,6 +174,17 @@ class Launcher {
     for (int64_t i : keep) TORCH_CHECK(i >= 0 && i < table);
     p.outputs = outputs;
     p.keep = keep;
+    // The outputs outlive the call on their own; the rest lives in one arena, freed (to the caching
+    // allocator, stream-ordered) when the call returns unless keep=True hands out views of it.
+    const int64_t first = static_cast<int64_t>(p.inputs.size());
+    for (size_t j = 0; j < p.buffers.size(); ++j) {
+      Buffer& b = p.buffers[j];
+      TORCH_CHECK(b.nbytes() >= 0, "a buffer of negative size");
+      const bool output = std::find(outputs.begin(), outputs.end(), first + static_cast<int64_t>(j)) != outputs.end();
+      if (!output) b.offset = p.place(b.nbytes());
+    }
+    for (Launch& l : p.launches)
+      if (l.workspace > 0) l.workspace_offset = p.place(l.workspace);
     plans_.insert(plans_.begin(), std::move(p));
     ids_.insert(ids_.begin(), next_id_);
     if (plans_.size() > kMaxPlans) {
@@ -149,11 +199,12 @@ class Launcher {
       const std::vector<at::Tensor>& tensors, const std::vector<double>& call_scalars, int64_t stream, bool keep) {
     const int64_t pi = find(tensors);
     if (pi < 0) return {-1, -1, 0, {}};
-    std::vector<at::Tensor> table;
-    const auto [failed, rc] = execute(plans_[pi], tensors, call_scalars, stream, table);
+    const Plan& p = plans_[pi];
+    Table table;
+    const auto [failed, rc] = execute(p, tensors, call_scalars, stream, table);
     if (failed >= 0) return {ids_[pi], failed, rc, {}};
     std::vector<at::Tensor> out;
-    for (int64_t i : keep ? plans_[pi].keep : plans_[pi].outputs) out.push_back(table[i]);
+    for (int64_t i : keep ? p.keep : p.outputs) out.push_back(table.tensor(p, i));
     return {ids_[pi], -1, 0, std::move(out)};
   }
 
@@ -231,12 +282,12 @@ class Launcher {
     const auto& keys = keep ? p.keep_keys : p.output_keys;
     const auto& which = keep ? p.keep : p.outputs;
     if (keys.size() != which.size()) return pybind11::none();
-    std::vector<at::Tensor> table;
+    Table table;
     const auto [failed, rc] = execute(p, tensors, scalars, current_stream(p.device), table);
     if (failed >= 0) return pybind11::make_tuple(ids_[pi], failed, rc);
     pybind11::dict out;
     for (size_t j = 0; j < which.size(); ++j)
-      out[keys[j]] = pybind11::reinterpret_steal<pybind11::object>(THPVariable_Wrap(table[which[j]]));
+      out[keys[j]] = pybind11::reinterpret_steal<pybind11::object>(THPVariable_Wrap(table.tensor(p, which[j])));
     return std::move(out);
   }
 
@@ -258,27 +309,39 @@ class Launcher {
   // (index of the launch that failed or -1, its status).
   static std::pair<int64_t, int64_t> execute(const Plan& p, const std::vector<at::Tensor>& tensors,
                                              const std::vector<double>& call_scalars, int64_t stream,
-                                             std::vector<at::Tensor>& table) {
-    table.reserve(tensors.size() + p.buffers.size());
-    table.assign(tensors.begin(), tensors.end());
-    for (const Buffer& b : p.buffers) table.push_back(allocate(b, p.device));
+                                             Table& table) {
+    const size_t n = tensors.size() + p.buffers.size();
+    table.tensors.reserve(n);
+    table.tensors.assign(tensors.begin(), tensors.end());
+    table.ptrs.reserve(n);
+    for (const at::Tensor& x : tensors) table.ptrs.push_back(x.data_ptr());
+    if (p.has_arena) table.arena = allocate(Buffer{at::kByte, {p.arena}}, p.device);
+    char* base = p.has_arena ? static_cast<char*>(table.arena.data_ptr()) : nullptr;
+    for (const Buffer& b : p.buffers) {
+      if (b.offset >= 0) {
+        table.tensors.emplace_back();             // a view only if keep=True asks for it
+        table.ptrs.push_back(base + b.offset);
+      } else {
+        table.tensors.push_back(allocate(b, p.device));
+        table.ptrs.push_back(table.tensors.back().data_ptr());
+      }
+    }
     std::vector<void*> ptrs;
     std::vector<float> scalars;
     for (size_t k = 0; k < p.launches.size(); ++k) {
       const Launch& l = p.launches[k];
       ptrs.assign(l.slots.size() + 1, nullptr);
       for (size_t j = 0; j < l.slots.size(); ++j)
-        ptrs[j] = l.slots[j] < 0 ? nullptr : table[l.slots[j]].data_ptr();
+        ptrs[j] = l.slots[j] < 0 ? nullptr : table.ptrs[l.slots[j]];
       scalars = l.scalars;
       scalars.push_back(0.0f);      // never an empty array
       for (const auto& rs : l.runtime_scalars) {
         if (rs.second < 0 || rs.second >= static_cast<int64_t>(call_scalars.size())) return {static_cast<int64_t>(k), -100};
         scalars[rs.first] = static_cast<float>(call_scalars[rs.second]);
       }
-      at::Tensor ws;
-      if (l.workspace > 0) ws = allocate(Buffer{at::kByte, {l.workspace}}, p.device);
+      void* ws = l.workspace > 0 ? base + l.workspace_offset : nullptr;
       int rc = l.fn(ptrs.data(), l.dims.data(), scalars.data(), reinterpret_cast<void*>(static_cast<uintptr_t>(stream)),
-                    l.workspace > 0 ? ws.data_ptr() : nullptr, static_cast<size_t>(l.workspace));
+                    ws, static_cast<size_t>(l.workspace));
       if (rc != 0) return {static_cast<int64_t>(k), rc};
     }
     return {-1, 0};

@@ -59,6 +59,26 @@ def test_launcher_gives_the_bytes_of_the_ctypes_path(module, name, config, shape
         assert torch.equal(x.view(torch.uint8), want[n].view(torch.uint8)), n
 
 
+def test_only_outputs_get_their_own_allocation(module):
+    # the 4-kernel chain: y and resid are outputs; n, a, the partials and the combine's row scale
+    # are carved from one arena, without overlapping, and the outputs share nothing with it
+    case = prepare("samples/prenorm_mlp.epi", "large_m", (300, 392, 200))
+    inputs = harness.make_inputs(case, seed=11)
+    with harness.one_torch_thread():
+        kept, outputs = harness.run_compiled(case, inputs, module.Launcher())
+    outs = {t.name for t in case.program.outputs()}
+    inner = {n: x for n, x in kept.items() if n not in outs}
+    assert len(inner) >= 4, sorted(inner)
+    arena = {x.untyped_storage().data_ptr() for x in inner.values()}
+    assert len(arena) == 1, "the intermediates are not one allocation"
+    spans = sorted((x.data_ptr(), x.data_ptr() + x.numel() * x.element_size(), n) for n, x in inner.items())
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        assert end <= start, f"{a} and {b} overlap in the arena"
+    assert all(x.data_ptr() % 256 == 0 for x in inner.values())
+    own = [x.untyped_storage().data_ptr() for x in outputs.values()]
+    assert len(set(own)) == len(own) and not set(own) & arena, "an output shares its memory"
+
+
 def test_a_changed_scalar_reaches_the_kernel(module):
     case = prepare("tests/programs/every_primitive.epi", "small_m", (1, 392, 200))
     inputs = harness.make_inputs(case, seed=3)
