@@ -125,6 +125,27 @@ def test_split_k_kernels_match_reference_and_are_deterministic(name, size):
             f"{name}: {t} differs between runs"
 
 
+# Swizzle and raster order are launch arguments of the kernel built for the default configuration
+# (`epic tune` tries them on its best two tiles): every order must still visit each tile once.
+# 8191 x 392 at pingpong 128x128 is 64 x 4 tiles, two waves, so the orders differ.
+LAUNCH_ORDERS = [(1, "m"), (1, "n"), (8, "m"), (8, "n")]
+
+
+@pytest.mark.parametrize("swizzle,raster", LAUNCH_ORDERS, ids=lambda v: str(v))
+@pytest.mark.parametrize("name", ["samples/residual_rmsnorm.epi", "samples/prenorm_mlp.epi",
+                                  "samples/fp8_block_quant.epi", "samples/swiglu.epi"])
+def test_every_swizzle_and_raster_order_covers_every_tile(name, swizzle, raster):
+    size = (8191, 392, 200)
+    base = compiled(name).program
+    prog = epic.compile(path(name), config={k.name: {"swizzle": swizzle, "raster": raster}
+                                            for k in base.kernels if k.kind == "gemm"})
+    configs = prog.plan(PROGRAMS[name](*size)).configs.values()
+    assert all((c.swizzle, c.raster) == (swizzle, raster) for c in configs)
+    default = compiled(name).plan(PROGRAMS[name](*size)).configs.values()
+    assert [c.key() for c in configs] == [c.key() for c in default]      # the same built kernels
+    _check_against_reference(prog, name, size)
+
+
 _FOLDED = {}
 
 

@@ -33,11 +33,21 @@ def test_candidates_are_legal_distinct_and_start_with_the_heuristic(path, sizes)
     m, n = sizes["M"], planner.sizes_mod.evaluate(k.n, sizes)
     found = space.candidates(k, prog.program.tensors, m, n, limit=6)
     assert found[0] == config_mod.choose(k, m, None, prog.program.tensors)
-    assert 2 <= len(found) <= 13 and len(set(found)) == len(found)      # + 2 swizzles, 2 epilogue tiles, 3 split-K
+    assert 2 <= len(found) <= 17 and len(set(found)) == len(found)      # + 2 swizzles, 4 rasters, 2 epilogue tiles, 3 split-K
     assert len({c.key() for c in found[:6]}) == min(6, len(found[:6]))       # distinct built kernels first
     for cfg in found:                  # the plan accepts each as an override and picks exactly it
         plan = planner.make_plan(prog.program, sizes, {k.name: space.override(cfg)})
         assert plan.configs[k.name] == cfg
+
+
+def test_the_best_two_are_also_tried_with_the_other_swizzle_and_raster_orders():
+    prog, k = gemm(str(ROOT / "samples" / "bias_gelu.epi"))
+    found = space.candidates(k, prog.program.tensors, 8192, 14336, limit=3)
+    for best in found[:2]:
+        same_kernel = [c for c in found if c.key() == best.key() and c.epi_tile == best.epi_tile]
+        assert {(c.swizzle, c.raster) for c in same_kernel} >= {
+            (best.swizzle, "heuristic"), (best.swizzle, "m"), (best.swizzle, "n"),
+            (1 if best.swizzle == 8 else 8, best.raster)}, [str(c) for c in found]
 
 
 def test_the_heuristics_tile_is_also_tried_with_wider_epilogue_subtiles():
@@ -254,7 +264,7 @@ def test_the_tuner_gives_up_at_three_times_the_best_so_far(db, monkeypatch):
     from epic.tuning import measure
     monkeypatch.setenv("EPIC_NO_TUNING", "1")
     sizes = dict(M=8192, D=4096)
-    given, alone, references, times = [], [], [], iter([2.0, 9.0, 1.5, 7.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0])
+    given, alone, references, times = [], [], [], iter([2.0, 9.0, 1.5, 7.0] + [4.0] * 16)
 
     def fake_median(fn, reps=20, warmup=3, give_up_ms=None, timed=None):
         given.append(give_up_ms)

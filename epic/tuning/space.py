@@ -26,6 +26,7 @@ TILES = {"pingpong": [(64, 64, 64), (64, 128, 64), (64, 256, 64), (128, 128, 64)
          "cooperative": [(128, 128, 64), (128, 192, 64), (128, 256, 64), (256, 128, 64)]}
 CLUSTERS = [(1, 1), (2, 1), (1, 2)]
 EPI_WIDTHS = (64, 128)      # explicit epilogue subtile widths tried on the heuristic's tile
+RASTERS = vocab.RASTERS     # tile-scheduler raster orders tried on the best two tiles
 
 
 def score(cfg: config_mod.KernelConfig, m: int, n: int) -> float:
@@ -55,8 +56,8 @@ def override(cfg: config_mod.KernelConfig) -> dict:
 
 
 def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6) -> list[config_mod.KernelConfig]:
-    """Up to `limit` configurations of this gemm, then swizzle 1/8 of the first two: the heuristic's
-    first; then one per (schedule, tile), best-ranked first, at the heuristic's cluster where legal;
+    """Up to `limit` configurations of this gemm, then the first two with the other swizzle (1/8) and
+    the other raster orders (along M, along N, CUTLASS's heuristic): the heuristic's first; then one per (schedule, tile), best-ranked first, at the heuristic's cluster where legal;
     then the other clusters of the best tiles (the cost model cannot tell clusters apart)."""
     first = config_mod.choose(kernel, m, None, tensors, n)
     groups: dict[tuple, list[config_mod.KernelConfig]] = {}
@@ -78,10 +79,10 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6) -> list[co
         for cfg in group[:1] if group in ranked else group:
             if len(out) < limit and all(c.key() != cfg.key() for c in out):
                 out.append(cfg)
-    for cfg in out[:2]:
-        other = replace(cfg, swizzle=1 if cfg.swizzle == 8 else 8)
-        if other not in out:
-            out.append(other)
+    for cfg in out[:2]:                # launch-time options: the same built kernel, timed again
+        others = [replace(cfg, swizzle=1 if cfg.swizzle == 8 else 8)]
+        others += [replace(cfg, raster=r) for r in RASTERS if r != cfg.raster]
+        out += [o for o in others if o not in out]
     for width in EPI_WIDTHS:           # the heuristic's tile with a wider epilogue subtile
         epi = (128 if first.schedule == "cooperative" else 64, width)
         try:
