@@ -222,9 +222,12 @@ DIMS = {
 def parse_config(key: str) -> dict:
     """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold]' -> {'schedule': 'cooperative', 'tile':
     (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler swizzle, raster (m or n),
-    split-K count, and combine=fold. 'fold' alone: the default configuration with combine=fold."""
+    split-K count, and combine=fold. 'fold', 'rm' or 'rn' alone: the default configuration with
+    combine=fold, or rastered along M or N (the same built kernel)."""
     if key == "fold":
         return {"combine": "fold"}
+    if key in ("rm", "rn"):
+        return {"raster": key[1]}
     sched, tile, cluster, *rest = key.split("_")
     cfg = {"schedule": {"coop": "cooperative", "ping": "pingpong", "pp": "pingpong"}[sched],
            "tile": tuple(int(v) for v in tile.split("x")), "cluster": tuple(int(v) for v in cluster[1:].split("x"))}

@@ -161,7 +161,8 @@ class CompiledProgram:
         """Run the program; returns its outputs by name.
         poison=True fills every output and buffer with NaN (a sentinel for integers) before launching,
             so that elements the kernels fail to write show up;
-        keep=True also returns the intermediate tensors (tmp, deferred scales, per-tile partials).
+        keep=True also returns the intermediate tensors (tmp, deferred scales, per-tile partials; in the
+            compiled call path they are disjoint views of one allocation, while each output has its own).
         The first call with given shapes/dtypes/strides validates everything and binds a plan; later
         calls with the same signature re-check alignment and scalar values (pointers change, layouts
         do not), in the compiled call path (runtime/fastcall.py) where it is available.
