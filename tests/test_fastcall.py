@@ -74,9 +74,10 @@ def test_only_outputs_get_their_own_allocation(module):
     spans = sorted((x.data_ptr(), x.data_ptr() + x.numel() * x.element_size(), n) for n, x in inner.items())
     for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
         assert end <= start, f"{a} and {b} overlap in the arena"
-    assert all(x.data_ptr() % 256 == 0 for x in inner.values())
+    base = arena.pop()                # offsets from the arena's start (the CPU allocator aligns it to 64 only)
+    assert all((x.data_ptr() - base) % 256 == 0 for x in inner.values())
     own = [x.untyped_storage().data_ptr() for x in outputs.values()]
-    assert len(set(own)) == len(own) and not set(own) & arena, "an output shares its memory"
+    assert len(set(own)) == len(own) and base not in own, "an output shares its memory"
 
 
 def test_a_changed_scalar_reaches_the_kernel(module):
