@@ -56,9 +56,11 @@ def override(cfg: config_mod.KernelConfig) -> dict:
 
 
 def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6) -> list[config_mod.KernelConfig]:
-    """Up to `limit` configurations of this gemm, then the first two with the other swizzle (1/8) and
-    the other raster orders (along M, along N, CUTLASS's heuristic): the heuristic's first; then one per (schedule, tile), best-ranked first, at the heuristic's cluster where legal;
-    then the other clusters of the best tiles (the cost model cannot tell clusters apart)."""
+    """Up to `limit` configurations of this gemm -- the heuristic's first; then one per (schedule,
+    tile), best-ranked first, at the heuristic's cluster where legal; then the other clusters of the
+    best tiles (the cost model cannot tell clusters apart) -- then the first two with the other
+    swizzle (1/8) and the other raster orders (along M, along N, CUTLASS's heuristic), the
+    heuristic's tile with wider epilogue subtiles, and split-K where the tiles leave most SMs idle."""
     first = config_mod.choose(kernel, m, None, tensors, n)
     groups: dict[tuple, list[config_mod.KernelConfig]] = {}
     for schedule, cluster in itertools.product(vocab.SCHEDULES, CLUSTERS):
