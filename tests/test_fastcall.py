@@ -76,8 +76,9 @@ def test_only_outputs_get_their_own_allocation(module):
         assert end <= start, f"{a} and {b} overlap in the arena"
     base = arena.pop()                # offsets from the arena's start (the CPU allocator aligns it to 64 only)
     assert all((x.data_ptr() - base) % 256 == 0 for x in inner.values())
-    own = [x.untyped_storage().data_ptr() for x in outputs.values()]
-    assert len(set(own)) == len(own) and base not in own, "an output shares its memory"
+    own = [kept[n].untyped_storage().data_ptr() for n in outs]       # the same call's outputs
+    assert len(set(own)) == len(own) == 2 and base not in own, "an output shares its memory"
+    assert set(outputs) == outs
 
 
 def test_a_changed_scalar_reaches_the_kernel(module):
