@@ -39,6 +39,8 @@ def cmd_ir(args) -> int:
         for p in manager.PASSES:
             print(f"{p.name:<22} {p.summary}")
         return 0
+    if args.file is None:
+        raise error("E801", "epic ir needs a FILE", None, "only `epic ir --list-passes` runs without one")
     if args.after and args.after not in manager.pass_names():
         raise error("E801", f"unknown pass '{args.after}'", None, "passes: " + ", ".join(manager.pass_names()))
     analysis = pipeline.analyze(args.file, stop_after=args.after, path=True)
@@ -46,23 +48,24 @@ def cmd_ir(args) -> int:
     if args.after_all:
         print("// ---- after front end")
         print(_render(analysis.source_program, args), end="")
-        for stage in stages:
+        for before, stage in zip([analysis.source_program] + [s.program for s in stages], stages):
             print(f"// ---- after {stage.name}")
             print(_render(stage.program, args), end="")
-            _print_trace(stage, args)
+            _print_trace(before, stage, args)
         return 0
     if args.after:
-        stage = next(s for s in stages if s.name == args.after)
-        print(_render(stage.program, args), end="")
-        _print_trace(stage, args)
+        before = stages[-2].program if len(stages) > 1 else analysis.source_program
+        print(_render(stages[-1].program, args), end="")
+        _print_trace(before, stages[-1], args)
     else:
         print(_render(analysis.source_program, args), end="")
     return 0
 
 
-def _print_trace(stage, args) -> None:
+def _print_trace(before, stage, args) -> None:
+    """What the pass did: its own trace (simplify: each rule that fired, where), else what changed."""
     if getattr(args, "rules", False) and not (args.json or args.dot):
-        for line in stage.trace or ["(nothing fired)"]:
+        for line in stage.trace or dump.changes(before, stage.program) or ["(no change)"]:
             print(f"// {stage.name}: {line}")
 
 

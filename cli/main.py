@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("files", nargs="+", metavar="FILE")
 
     c = sub.add_parser("ir", help=COMMANDS["ir"], description=COMMANDS["ir"])
-    c.add_argument("file", metavar="FILE")
+    c.add_argument("file", metavar="FILE", nargs="?", help="the program (not needed with --list-passes)")
     fmt = c.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print JSON")
     fmt.add_argument("--dot", action="store_true", help="print Graphviz dot (render with `dot -Tsvg`)")

@@ -84,6 +84,33 @@ def test_ir_after_one_pass_and_bad_pass(capsys):
     assert code == 0 and out.splitlines()[0].startswith("simplify")
 
 
+def test_ir_list_passes_needs_no_file(capsys):
+    code, out, _ = run(capsys, "ir", "--list-passes")
+    assert code == 0 and [l.split()[0] for l in out.splitlines()][:2] == ["simplify", "cse"]
+    code, _, err = run(capsys, "ir")
+    assert code == 2 and "E801" in err and "needs a FILE" in err
+
+
+def test_rules_say_what_each_pass_changed(capsys):
+    """A pass without a rule trace of its own still says what it changed; "(no change)" only where
+    the program is the same."""
+    code, out, _ = run(capsys, "ir", PRENORM, "--after-all", "--rules")
+    assert code == 0 and "(nothing fired)" not in out
+    said = {}
+    for line in out.splitlines():
+        if line.startswith("// ") and not line.startswith("// ---- "):
+            name, what = line[3:].split(": ", 1)
+            said.setdefault(name, []).append(what)
+    assert said["defer-row-scale"] == ["tensors added: n__rowscale", "o_proj: 11 -> 10 values (removed mul)",
+                                       "gate_up: 10 -> 12 values (added load, mul)"]
+    assert "kernel o_proj__row_combine added (combine, 4 values)" in said["split-reductions"]
+    assert said["cse"] == ["gate_up: 11 -> 10 values (removed const)"]
+    assert said["simplify"] == said["dce"] == said["cleanup"] == ["(no change)"]
+    code, out, _ = run(capsys, "ir", PRENORM, "--after", "defer-row-scale", "--rules")
+    assert [l for l in out.splitlines() if l.startswith("// ")] == [f"// defer-row-scale: {w}"
+                                                                   for w in said["defer-row-scale"]]
+
+
 def test_ref_prints_outputs(capsys):
     code, out, _ = run(capsys, "ref", str(ROOT / "samples" / "cross_entropy.epi"), "--shape", "M=8,D=64,V=128")
     assert code == 0

@@ -6,6 +6,7 @@ how many programs were compiled before in the same process.
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 from . import primitives as P
 from .core import Program, Value
@@ -143,3 +144,37 @@ def to_dot(program: Program) -> str:
             out.append(f'  {tensor_node[k.b]} -> k{ki}_{num[acc.id]} [style=dashed, label="B"];')
     out.append("}")
     return "\n".join(out) + "\n"
+
+
+def changes(before: Program, after: Program) -> list[str]:
+    """What a pass changed, for `epic ir --rules` where the pass keeps no trace of its own: tensors and
+    kernels added or removed, and per changed kernel its value count and the ops that came or went.
+    Empty when the program is unchanged."""
+    lines = []
+    for verb, a, b in (("added", after.tensors, before.tensors), ("removed", before.tensors, after.tensors)):
+        names = [n for n in a if n not in b]
+        if names:
+            lines.append(f"tensors {verb}: " + ", ".join(names))
+    old = {k.name: k for k in before.kernels}
+    new = {k.name for k in after.kernels}
+    for k in after.kernels:
+        if k.name not in old:
+            lines.append(f"kernel {k.name} added ({k.kind}, {_count(k.values)})")
+        elif kernel_lines(old[k.name], before) != kernel_lines(k, after):
+            lines.append(_kernel_change(old[k.name], k))
+    lines += [f"kernel {name} removed" for name in old if name not in new]
+    if not lines and to_text(before) != to_text(after):
+        lines.append("changed the program")     # e.g. a tensor's role or a kernel's order
+    return lines
+
+
+def _kernel_change(was, k) -> str:
+    ops_was, ops_now = Counter(v.op for v in was.values), Counter(v.op for v in k.values)
+    gone, came = ops_was - ops_now, ops_now - ops_was
+    detail = "; ".join(f"{label} " + ", ".join(op + (f" x{n}" if n > 1 else "") for op, n in sorted(c.items()))
+                       for label, c in (("removed", gone), ("added", came)) if c)
+    return f"{k.name}: {len(was.values)} -> {_count(k.values)}" + (f" ({detail})" if detail else "")
+
+
+def _count(values) -> str:
+    return f"{len(values)} value{'s' if len(values) != 1 else ''}"
