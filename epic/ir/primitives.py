@@ -17,10 +17,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-
 from .. import dtypes
 from ..dtypes import BOOL, F32, I32, DType
+from ..lazy import torch
 from ..shapes import COL, SCALAR, TILE, Kind, Shape, broadcast
 
 
