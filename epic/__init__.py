@@ -3,7 +3,23 @@
     prog = epic.compile("samples/residual_rmsnorm.epi")
     out = prog(x=x, wo=w.t(), z=z, gamma=gamma)
 """
+import importlib
+
 from .version import __version__  # noqa: F401
+
+# Submodules reachable as `epic.weights` etc. after a plain `import epic`, imported on first use
+# (they import torch, which `epic check` and the other front-end commands never need).
+_LAZY_SUBMODULES = ("weights", "distributed", "reference")
+
+
+def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'epic' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
 
 
 def compile(path_or_source: str, config: dict | None = None, fallback: str = "never"):
