@@ -16,6 +16,7 @@ import math
 import zlib
 
 import pytest
+import torch
 
 from epic.diagnostics import EpicError
 from epic.plan import planner
@@ -121,3 +122,17 @@ def test_generated_kernels_match_reference_on_host(host_kernels, name, config, s
     if (why := same_as_unchanged(config, case)) is not None:
         pytest.skip(why)
     harness.check(case, seed_of(name, config, shape))
+
+
+def test_a_callers_value_for_a_defaulted_scalar_reaches_the_kernels():
+    """eps = 0.5, not its default: the host kernels (scalars bound by the runtime's own
+    binding.scalar_values) must match the reference run with 0.5, and differ from the default's run."""
+    hostsim.require_toolchain()
+    case = prepare("samples/residual_rmsnorm.epi", "small_m", SHAPES[1])
+    (eps,) = [t for t in case.program.inputs() if t.name == "eps"]
+    assert eps.is_scalar and eps.default is not None and eps.default != 0.5
+    inputs = harness.make_inputs(case, seed=3)
+    harness.check(case, 3, dict(inputs, eps=0.5))
+    with harness.one_torch_thread():
+        given, default = harness.run(case, dict(inputs, eps=0.5)), harness.run(case, inputs)
+    assert not torch.equal(given["r"], default["r"]), "eps does not reach the kernels: the test proves nothing"

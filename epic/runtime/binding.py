@@ -9,6 +9,7 @@ import torch
 
 from .. import sizes as sizes_mod
 from ..codegen import evt
+from ..ir.core import Tensor
 from ..plan import planner
 from . import loader
 
@@ -54,6 +55,13 @@ class Bound:
     outputs: list[str]
     keep: list[str]
     plan: planner.Plan
+
+
+def scalar_values(scalar_inputs: list[Tensor], args: dict) -> dict[str, float]:
+    """The runtime scalars of one call by name: the caller's value (checked), else the declared default.
+    Every path that launches kernels binds its scalars here (CompiledProgram.__call__, run_sharded, and
+    the tests' host simulator, so that a fault here shows on the CPU)."""
+    return {t.name: sizes_mod.scalar_value(t, args.get(t.name)) for t in scalar_inputs}
 
 
 def bind(plan: planner.Plan, libraries: list, device: torch.device) -> Bound:

@@ -20,7 +20,7 @@ from ..ir.core import Tensor
 from ..plan import planner
 from ..tuning import database
 from . import binding, build, custom_op, fastcall, graphs, loader
-from .validate import scalar_value, signature, validate
+from .validate import signature, validate
 
 
 FALLBACKS = ("never", "auto", "eager", "compiled")
@@ -201,7 +201,7 @@ class CompiledProgram:
                     validate(self.program, args)          # reports E606 with the declaration's span
         if isinstance(bound, _Unfused):
             return self.unfused(compiled=bound.compiled, **args)
-        scalars = {t.name: scalar_value(t, args.get(t.name)) for t in self._scalar_inputs}
+        scalars = binding.scalar_values(self._scalar_inputs, args)
         buffers = dict(args)
         for b in bound.allocations:
             buffers[b.name] = binding.allocate(b, bound.device, poison)

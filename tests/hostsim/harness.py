@@ -8,7 +8,8 @@ cooperative 128x256x64) at the case's sizes (any M) and renders every kernel (em
 check() then
   1. checks each source's C ABI by roles (abi.py);
   2. compiles the sources for the host (compiler.py) and binds them to the plan with the runtime's
-     own binding.bind, so pointer order, sizes and scalars are what the runtime passes;
+     own binding.bind, and a call's scalars with its binding.scalar_values, so pointer order, sizes
+     and scalars (a caller's value or the default) are what the runtime passes;
   3. runs the kernels in order on fresh random inputs (fixed seed), every allocated buffer poisoned
      first (binding.allocate), and again with the buffers filled with other bytes: any element
      that differs between the two runs was not written;
@@ -30,7 +31,6 @@ from epic import dtypes, reference
 from epic.codegen import emit
 from epic.plan import planner
 from epic.runtime import binding
-from epic.runtime.validate import scalar_value
 
 from .. import gpu_cases
 from . import abi, compiler
@@ -138,7 +138,7 @@ def run(case: Case, inputs: dict, fill: int | None = None) -> dict[str, torch.Te
     bound = binding.bind(case.plan, list(zip(case.specs, libraries)), -1)
     program = case.program
     buffers = {t.name: _host_tensor(t, inputs[t.name]) for t in program.inputs() if not t.is_scalar}
-    scalars = {t.name: scalar_value(t, inputs.get(t.name)) for t in program.inputs() if t.is_scalar}
+    scalars = binding.scalar_values([t for t in program.inputs() if t.is_scalar], inputs)   # the runtime's own
     for b in bound.allocations:
         buffers[b.name] = binding.allocate(b, "cpu", poison=True)
         if fill is not None:
@@ -161,7 +161,8 @@ def run_compiled(case: Case, inputs: dict, fast) -> tuple[dict[str, torch.Tensor
     scalar_inputs = [t for t in program.inputs() if t.is_scalar]
     tensors = [_host_tensor(program.tensors[n], inputs[n]) for n in names]
     plan = fastcall.register(fast, bound, tensors, names, [t.name for t in scalar_inputs])
-    scalars = [scalar_value(t, inputs.get(t.name)) for t in scalar_inputs]
+    values = binding.scalar_values(scalar_inputs, inputs)
+    scalars = [values[t.name] for t in scalar_inputs]
     results = []
     for keep in (True, False):
         got, failed, rc, out = fast.run(tensors, scalars, 0, keep)
