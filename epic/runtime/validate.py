@@ -30,10 +30,7 @@ def validate(program: Program, args: dict, cuda: bool = True) -> tuple[dict, dic
             raise error("E601", f"'{name}' must be a torch.Tensor, got {type(x).__name__}", t.span,
                         f"pass a tensor of {t.describe()}, e.g. torch.as_tensor({name}).to(torch.{t.dtype.torch_name})")
         check_dense(name, t, x)
-        want = getattr(torch, t.dtype.torch_name)
-        if x.dtype != want:
-            raise error("E603", f"'{name}' is {x.dtype}, the program declares {t.describe()}", t.span,
-                        f"convert it: {name}.to({want})")
+        check_dtype(name, t, x)
         tensors[name] = x
     sizes = sizes_mod.bind_from_tensors(program, {k: tuple(v.shape) for k, v in tensors.items()})
     sizes_mod.check_complete(program, sizes)
@@ -73,6 +70,13 @@ def check_dense(name: str, t: Tensor, x: torch.Tensor) -> None:
     except RuntimeError:
         raise error("E605", f"'{name}' has no strides or storage of its own (a tensor inside vmap or another "
                     "functorch transform?)", t.span, "call the program outside the transform") from None
+
+
+def check_dtype(name: str, t: Tensor, x: torch.Tensor) -> None:
+    want = getattr(torch, t.dtype.torch_name)
+    if x.dtype != want:
+        raise error("E603", f"'{name}' is {x.dtype}, the program declares {t.describe()}", t.span,
+                    f"convert it: {name}.to({want})")
 
 
 def check_strides(name: str, t: Tensor, x: torch.Tensor) -> None:
