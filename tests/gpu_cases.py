@@ -46,6 +46,7 @@ PROGRAMS = {
     "tests/programs/block_stats.epi": lambda m, n, k: dict(M=m, K=k, N=n, P=_up(n, 64)),
     "tests/programs/f16_accumulate.epi": lambda m, n, k: dict(M=m, K=_up(k, 16), N=_up(n, 16)),
     "samples/f16_accumulate.epi": lambda m, n, k: dict(M=m, K=k, N=n),
+    "samples/swiglu_fp8_quant.epi": lambda m, n, k: dict(M=m, D=k, F=_up(n // 2, 128)),
 }
 # (M, N, K): tile multiples, then ragged (M = 1, 77, 8191; N, K not multiples of 128). M <= 256 gets
 # the pingpong 64x64 configuration, larger M pingpong 128x128 cluster 2x1, and 128x192 where N is a

@@ -133,7 +133,10 @@ def _width_changes(k: GemmKernel) -> list[Diagnostic]:
     for v in k.values:
         if P.family(v.op) in (P.Family.REDUCE, P.Family.BLOCK):
             x = v.args[0]
-            if x.shape.width != 1 and v.kind is not Kind.SCALAR:   # a whole-tensor step reads a vector
+            # a 1xB block of a half-width value is 1x2B of the accumulator's columns: tile-local too
+            # (SwiGLU then block-scaled fp8: one value per column pair, samples/swiglu_fp8_quant.epi)
+            half_block = P.family(v.op) is P.Family.BLOCK and x.shape.width == Fraction(1, 2)
+            if x.shape.width != 1 and v.kind is not Kind.SCALAR and not half_block:   # a whole-tensor step reads a vector
                 what = f"{v.attrs.get('axis', 'block')}_{v.attrs['fn']}"
                 out.append(Diagnostic(
                     "E402", f"{what} reduces a value of width {x.shape.width} x N (after a pairwise map that "
@@ -158,6 +161,12 @@ def _block_sizes(k: GemmKernel) -> list[Diagnostic]:
                 out.append(Diagnostic("E404", f"block size {b} must be a power of two between 8 and {MAX_TILE_N}",
                                       v.span, "a block must divide the tile width (64, 128 or 256 columns): "
                                       "use 32, 64 or 128"))
+                continue
+            b = int(b / v.args[0].shape.width)      # in the accumulator's columns (2B for a half-width value)
+            if b > MAX_TILE_N:
+                out.append(Diagnostic("E404", f"a 1x{v.attrs['block']} block of a half-width value spans {b} "
+                                      f"columns of the accumulator; a tile holds at most {MAX_TILE_N}", v.span,
+                                      f"use a block of at most {MAX_TILE_N // 2} columns after a width-halving map"))
             elif tile and tile[1] % b and not shared(tile[1], b):
                 out.append(Diagnostic("E404", f"block size {b} does not divide the tile width {tile[1]} of gemm "
                                       f"'{k.name}' (with tile={'x'.join(map(str, tile))})", v.span,

@@ -108,9 +108,10 @@ def validate(cfg: KernelConfig, where: str = "", span=None) -> KernelConfig:
 
 
 def block_sizes(kernel) -> set[int]:
-    """The 1xB block sizes a gemm's epilogue reduces or stores: each must divide the tile width."""
-    return {v.attrs["block"] for v in kernel.values if P.family(v.op) is P.Family.BLOCK} | \
-           {v.shape.block for v in kernel.values if v.kind is Kind.BLOCK and v.shape.block}
+    """The 1xB block sizes a gemm's epilogue reduces or stores, in the accumulator's columns (a block of
+    a half-width value spans 2B of them): each must divide the tile width."""
+    return {int(v.attrs["block"] / v.args[0].shape.width) for v in kernel.values if P.family(v.op) is P.Family.BLOCK} | \
+           {int(v.shape.block / v.shape.width) for v in kernel.values if v.kind is Kind.BLOCK and v.shape.block}
 
 
 # ---------------------------------------------------------------- shared memory

@@ -62,7 +62,7 @@ def gemm_problems(src: GemmSource) -> list[str]:
                                     f"which takes {' or '.join(allowed) or 'no pointer lists'}")
             elif f not in roles:
                 problems.append(f"{what} names p[{i}] in initializer field {f}, which is not a pointer of its kind")
-            elif got_role != roles[f]:
+            elif got_role not in (roles[f] if isinstance(roles[f], tuple) else (roles[f],)):   # a tuple: any of them
                 problems.append(f"{what} uses p[{i}], which epic_info says is {got_role}:{got_tensor}, not {roles[f]}")
             elif not _names(node.comment, got_tensor):
                 problems.append(f"{what} uses p[{i}], which epic_info says is tensor '{got_tensor}', "

@@ -641,7 +641,8 @@ inline float pow2_ceil(float s) {
 // qmax (rounded up to a power of two if Pow2); the scale stored as ElementScale (layout 0: [m *
 // ceil(N / Block) + g], 1: [g * round_up(M, 4) + m]); q = x / s clamped to [-qmax, qmax] (Output 1:
 // [-8, 7]), rounded half to even for integer outputs (NaN -> 0) and kept NaN for float ones. Output 0:
-// q is what the collective stores as D; Output 1: pairs packed into int4 bytes at ptr_q.
+// q is what the collective stores as D; Output 1: pairs packed into int4 bytes at ptr_q; Output 2: a
+// half-width value (on both columns of a pair) stored once per pair as ElementQ at ptr_q.
 // Split blocks (tile N = Block / 2, the GPU's 1x2 cluster pair): the halves of each (row, block)
 // statistic, kept across the launch's two passes. A tile merges its half with the other tile's, as
 // detail::exchange_halves does on the GPU (merge(left, right); a right half past N counts as absent);
@@ -664,7 +665,7 @@ struct SplitHalves {
   }
 };
 
-template <int Block, class ElementScale, bool Pow2, int ScaleLayout, int Output>
+template <int Block, class ElementScale, bool Pow2, int ScaleLayout, int Output, class ElementQ = uint8_t>
 struct BlockScale : Node {
   struct Arguments {
     ElementScale* ptr_scale = nullptr;
@@ -683,7 +684,7 @@ struct BlockScale : Node {
 
   template <class ElementD>
   void reduce(Tile const& t, std::vector<Fragment> const& frags, std::vector<Frag<float>>& results) {
-    constexpr bool integer = Output == 1 || std::is_integral_v<ElementD>;
+    constexpr bool integer = Output == 1 || std::is_integral_v<std::conditional_t<Output == 2, ElementQ, ElementD>>;
     int segments = std::max(1, t.tile_n / Block);     // split blocks: one half segment per tile
     std::vector<float> amax(size_t(t.tile_m) * segments, 0.0f), scale(amax.size());
     auto slot = [&](Fragment const& f, int i) { return size_t(f.m[i] - t.m0) * segments + (f.n[i] - t.n0) / Block; };
@@ -716,6 +717,13 @@ struct BlockScale : Node {
     if constexpr (Output == 1) {
       PackedInt4Store pack(typename PackedInt4Store::Arguments{args.ptr_q}, problem);
       for (size_t v = 0; v < frags.size(); ++v) pack.visit(frags[v], results[v]);
+    }
+    if constexpr (Output == 2) {     // one ElementQ per column pair, from its even column
+      for (size_t v = 0; v < frags.size(); ++v)
+        for (int i = 0; i + 1 < kFrag; i += 2)
+          if (args.ptr_q != nullptr && frags[v].inside[i])
+            reinterpret_cast<ElementQ*>(args.ptr_q)[size_t(frags[v].m[i]) * (problem.N / 2) + frags[v].n[i] / 2] =
+                convert<ElementQ>(results[v][i]);
     }
   }
 };

@@ -22,7 +22,8 @@ class NoHostEmulation(AssertionError):
 @dataclass(frozen=True)
 class Emulation:
     host_type: Callable[[NodeDecl], str]     # the node -> its host emulation's C++ type
-    pointers: dict[int, str] = field(default_factory=dict)   # initializer field -> role of the pointer it names
+    # initializer field -> role of the pointer it names (a tuple: one of those roles)
+    pointers: dict[int, str | tuple[str, ...]] = field(default_factory=dict)
     # initializer field that is a braced list of pointers -> the roles its elements may have
     pointer_lists: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
@@ -107,7 +108,7 @@ EMULATIONS: dict[str, Emulation] = {
     "epic_nodes::Sm90PeriodicRowBroadcast": Emulation(_custom("PeriodicRowBroadcast", 1), {0: "row"}),
     "epic_nodes::Sm90RowLsePartial": Emulation(_custom("RowLsePartial", 1), {0: "row_partial"}),
     "epic_nodes::Sm90PackedInt4Store": Emulation(_custom("PackedInt4Store", 0), {0: "int4_store"}),
-    "epic_nodes::Sm90BlockScale": Emulation(_custom("BlockScale", 5), {0: "block_scale", 3: "int4_store",
+    "epic_nodes::Sm90BlockScale": Emulation(_custom("BlockScale", 5), {0: "block_scale", 3: ("int4_store", "byte_store"),
                                                                        4: "pair_slots"}),
     "epic_nodes::Sm90BlockReduceScale": Emulation(_custom("BlockReduceScale", 4), {0: "block_scale", 1: "pair_slots"}),
     # a folded row combine: its counters (null, the library's own), then the combine kernel's pointers

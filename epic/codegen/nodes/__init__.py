@@ -10,7 +10,7 @@ from __future__ import annotations
 from ...diagnostics import Span, error
 from .base import Node, NodeImpl, Pointer, Scalar
 from .leaves import AccFetch, AuxLoad, ColBroadcast, RowBroadcast, ScalarBroadcast
-from .custom import BlockReduceScale, BlockScaleD, BlockScaleInt4, Coordinate, PackedInt4Store, PeriodicRowBroadcast, RowLsePartial
+from .custom import BlockReduceScale, BlockScaleD, BlockScaleHalfWidth, BlockScaleInt4, Coordinate, PackedInt4Store, PeriodicRowBroadcast, RowLsePartial
 from .packed import DoubleWidthAux, DoubleWidthD, DoubleWidthLoad, HalfWidthAux, HalfWidthD
 from .stores import AuxStore, ColPartial, DStore, RowPartial
 
@@ -18,7 +18,7 @@ from .stores import AuxStore, ColPartial, DStore, RowPartial
 LEAVES: list[type[NodeImpl]] = [AccFetch, ScalarBroadcast, AuxLoad, PeriodicRowBroadcast, RowBroadcast, ColBroadcast,
                                 DoubleWidthLoad, Coordinate]
 # block-scaled stores first: the node must be the root (it rewrites the subtile D is stored from)
-ROOTS: list[type[NodeImpl]] = [BlockScaleD, BlockScaleInt4, BlockReduceScale, DStore, HalfWidthD, DoubleWidthD]
+ROOTS: list[type[NodeImpl]] = [BlockScaleD, BlockScaleInt4, BlockScaleHalfWidth, BlockReduceScale, DStore, HalfWidthD, DoubleWidthD]
 STORES: list[type[NodeImpl]] = [AuxStore, HalfWidthAux, DoubleWidthAux, PackedInt4Store, RowPartial, ColPartial,
                                 RowLsePartial]
 

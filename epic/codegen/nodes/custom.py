@@ -8,12 +8,17 @@ each, printed into the kernels that use them).
   s = max(block amax of |x|, floor) / qmax, as the prelude's fp8_e4m3_scale, int8_block_scale and
   int4_group_scale write it; the root of the epilogue (it rewrites the subtile before D is stored,
   or packs int4 bytes itself), and it stores the scales too.
+- BlockScaleHalfWidth: the same of a half-width value (SwiGLU's output, then fp8): each column pair
+  carries its one value on both columns, so a 1xB block is 1x2B accumulator columns; the node stores
+  one byte per pair itself.
 - BlockReduceScale: q = y * s (or y / s) with s a function of one 1xB block reduction of another tile z
   (QK-norm's per-head rsqrt(mean(h * h) + eps), once hoist-block-scale has moved s to the store); the
   root, reducing z while the subtile is visited; it can store s too.
 - PackedInt4Store: an i4 tile packed two per byte (low nibble = even column), stored directly.
 """
 from __future__ import annotations
+
+from fractions import Fraction
 
 from ... import dtypes
 from ...ir import primitives as P
@@ -112,11 +117,12 @@ class _BlockScale(NodeImpl):
     header = _BLOCK_SCALE
     output = 0
     types: tuple = ()
+    width = Fraction(1)      # of the quantized tile, in the accumulator's columns
 
     @classmethod
     def matches(cls, b, s) -> bool:
         t = b.program.tensors[s.tensor]
-        return (s.value.kind is Kind.TILE and s.value.shape.width == 1 and t.dtype in cls.types
+        return (s.value.kind is Kind.TILE and s.value.shape.width == cls.width and t.dtype in cls.types
                 and match_block_quant(s.value) is not None and floor_ok(s.value))
 
     @classmethod
@@ -129,17 +135,25 @@ class _BlockScale(NodeImpl):
     def emit(cls, b, s) -> int:
         t = b.program.tensors[s.tensor]
         x, block, floor, qmax, _ = match_block_quant(s.value)
-        src = b.compute(x)
         scales = cls.claims(b, s)
-        el, scale_arg = _block_values_pointer(b, scales, f"[M, N/{block}] scales")
+        el, scale_arg = _block_values_pointer(b, scales, f"[M, {'N/2' if cls.output == 2 else 'N'}/{block}] scales")
+        element_q = ""
         if cls.output == 0:
+            src = b.compute(x)
             b.set_d(t, t.dtype.cutlass, t.dtype.bits, f"[M, N] {t.dtype}, 1x{block} block-scaled")
             q_arg = "nullptr"
-        else:
+        elif cls.output == 1:
+            src = b.compute(x)
             pq = b.pointer("int4_store", t.name, t.dtype, "[M, N/2] packed int4")
             b.aux_elements.append("uint8_t")
             q_arg = f"static_cast<uint8_t*>({pq})"
-        return b.add(cls, f"epic_nodes::Sm90BlockScale<{block}, {el}, false, 0, {cls.output}>",
+        else:       # a half-width value on both columns of its pair: a 1xB block is 1x2B of them
+            src = b.compute(x, pack=lambda parts: (parts[0], parts[0]))
+            pq = b.pointer("byte_store", t.name, t.dtype, f"[M, N/2] {t.dtype}, 1x{block} block-scaled")
+            b.aux_elements.append("uint8_t")
+            q_arg = f"static_cast<uint8_t*>({pq})"
+            element_q, block = f", {t.dtype.cutlass}", block * 2
+        return b.add(cls, f"epic_nodes::Sm90BlockScale<{block}, {el}, false, 0, {cls.output}{element_q}>",
                      f"{{{scale_arg}, {literal(qmax)}, {literal(floor)}, {q_arg}{_pair_slots(b, block)}}}", [src],
                      f"1x{block} block scale -> {t.name}" + (f", scales {scales[0].tensor}" if scales else ""))
 
@@ -183,6 +197,14 @@ class BlockScaleInt4(_BlockScale):
     covers = "1xB block-scaled i4 tiles (int4_group_scale), packed two per byte, and their scales"
     output = 1
     types = (dtypes.I4,)
+
+
+class BlockScaleHalfWidth(_BlockScale):
+    covers = ("1xB block-scaled e4m3/e5m2/i8 tiles half as wide as the accumulator (swiglu's output), "
+              "stored one byte per column pair, and their scales")
+    output = 2
+    types = QUANT_TYPES
+    width = Fraction(1, 2)
 
 
 # ---------------------------------------------------------------- block statistics scaling a tile

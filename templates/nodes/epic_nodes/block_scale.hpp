@@ -1,4 +1,4 @@
-// epic_nodes::Sm90BlockScale<Block, ElementScale, Pow2, ScaleLayout, Output>: the ROOT of an epilogue
+// epic_nodes::Sm90BlockScale<Block, ElementScale, Pow2, ScaleLayout, Output, ElementQ>: the ROOT of an epilogue
 // DAG that quantizes its one child x (float) in 1 x Block row segments.
 //
 // For every row m and column segment g = n / Block (valid columns only):
@@ -14,12 +14,16 @@
 //             The collective converts q to ElementD and stores it as D (TMA).
 //   Output 1: D is void; q clamped to [-8, 7], rintf, and column pairs (2k, 2k+1) packed into one byte
 //             (low nibble = even column) stored straight to ptr_q[m * (N/2) + n/2].
+//   Output 2: D is void; x is a half-width value repeated on both columns of each pair (SwiGLU's
+//             output), so a segment of Block columns is one of Block/2 values; q clamped to
+//             [-qmax, qmax] (rintf for an integer ElementQ), converted to the one-byte ElementQ
+//             and stored once per pair (its even column) at ptr_q[m * (N/2) + n/2].
 // Scales: ScaleLayout 0: ptr_scale[m * ceil(N/Block) + g]            (row-major [M, ceil(N/Block)])
 //         ScaleLayout 1: ptr_scale[g * round_up(M, 4) + m]           (MN-major, TMA-aligned;
 //                        rows [M, round_up(M,4)) of the padding are not written)
 //
 //   using Node = epic_nodes::Sm90BlockScale<128, float, true, 1, 0>;
-//   Arguments: {ElementScale* ptr_scale, float qmax, float floor, uint8_t* ptr_q /* Output 1 only */,
+//   Arguments: {ElementScale* ptr_scale, float qmax, float floor, uint8_t* ptr_q /* Output 1, 2 only */,
 //               uint64_t* pair_slots /* split segments only */}
 //
 // Split segments (CTA tile N = Block / 2, cluster 1x2): each CTA takes the amax of its half of every
@@ -40,12 +44,14 @@
 
 namespace epic_nodes {
 
-template <int Block, class ElementScale, bool Pow2, int ScaleLayout, int Output>
+template <int Block, class ElementScale, bool Pow2, int ScaleLayout, int Output, class ElementQ = uint8_t>
 struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
   static_assert(Block >= 8 && Block <= 256 && (Block & (Block - 1)) == 0,
                 "epic_nodes::Sm90BlockScale: Block must be a power of two in [8, 256]");
   static_assert(ScaleLayout == 0 || ScaleLayout == 1, "epic_nodes::Sm90BlockScale: ScaleLayout is 0 or 1");
-  static_assert(Output == 0 || Output == 1, "epic_nodes::Sm90BlockScale: Output is 0 (D) or 1 (packed int4)");
+  static_assert(Output >= 0 && Output <= 2,
+                "epic_nodes::Sm90BlockScale: Output is 0 (D), 1 (packed int4) or 2 (half-width bytes)");
+  static_assert(sizeof(ElementQ) == 1, "epic_nodes::Sm90BlockScale: ElementQ is a one-byte type");
 
   struct SharedStorage {};
 
@@ -53,7 +59,7 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
     ElementScale* ptr_scale = nullptr;  // nullptr: quantize but store no scales
     float qmax = 0.f;                   // e.g. 448 (e4m3), 57344 (e5m2), 127 (int8), 7 or 8 (int4)
     float floor = 0.f;                  // lower bound of amax (keeps all-zero segments finite): > 0
-    uint8_t* ptr_q = nullptr;           // Output 1: [M, N/2] packed int4 bytes; Output 0: unused (nullptr)
+    uint8_t* ptr_q = nullptr;           // Output 1: [M, N/2] packed int4 bytes; 2: [M, N/2] ElementQ; 0: nullptr
     uint64_t* pair_slots = nullptr;     // split segments (tile N = Block / 2): detail::exchange_halves's words
   };
 
@@ -68,7 +74,7 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
   can_implement(ProblemShape const& problem_shape, Arguments const& args) {
     auto shape_mnkl = cute::append<4>(problem_shape, 1);
     bool ok = args.qmax > 0.f;
-    if constexpr (Output == 1) {
+    if constexpr (Output != 0) {
       ok = ok && int(cute::get<1>(shape_mnkl)) % 2 == 0;
     }
     return ok;
@@ -117,7 +123,8 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
       using Fragment = typename cute::remove_cvref_t<VTensor>::value_type;
       constexpr int FragmentSize = Fragment::kElements;
       constexpr int NumFragments = decltype(size(visit_results))::value;
-      constexpr bool IntegerOut = Output == 1 || std::is_integral<ElementD>::value;
+      constexpr bool IntegerOut = Output == 1 || (Output == 2 ? std::is_integral<ElementQ>::value
+                                                                : std::is_integral<ElementD>::value);
       static_assert(std::is_same<typename Fragment::Element, float>::value, "root fragments must be float");
 
       if (not seg.cta_in_problem) {  // a CTA outside the problem (cluster padding): nothing is stored
@@ -229,6 +236,28 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
                 uint32_t b0 = uint32_t(__float2int_rn(visit_results(v)[2 * j])) & 0xfu;
                 uint32_t b1 = uint32_t(__float2int_rn(visit_results(v)[2 * j + 1])) & 0xfu;
                 ptr_thread[int64_t(get<0>(c)) * pitch + (int(get<1>(c)) >> 1)] = uint8_t(b0 | (b1 << 4));
+              }
+            }
+          }
+        }
+      }
+
+      // 7. Output 2: one ElementQ per column pair (the value is on both columns), stored directly
+      if constexpr (Output == 2) {
+        if (params.ptr_q != nullptr) {
+          int64_t const pitch = seg.N / 2;
+          int const m_t = seg.M - int(get<0>(residue_tCcD));
+          int const n_t = seg.N - int(get<1>(residue_tCcD));
+          ElementQ* ptr_thread = reinterpret_cast<ElementQ*>(params.ptr_q) + int64_t(m_t) * pitch + (n_t >> 1);
+          static_assert(FragmentSize % 2 == 0, "odd fragment size");
+          cutlass::NumericConverter<ElementQ, float> to_q;
+          CUTLASS_PRAGMA_UNROLL
+          for (int v = 0; v < NumFragments; ++v) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < FragmentSize / 2; ++j) {
+              auto c = tCcD_mn(v * FragmentSize + 2 * j);  // even column of the pair
+              if (elem_less(c, residue_tCcD)) {
+                ptr_thread[int64_t(get<0>(c)) * pitch + (int(get<1>(c)) >> 1)] = to_q(visit_results(v)[2 * j]);
               }
             }
           }
