@@ -42,16 +42,26 @@ I32 = DType("i32", 32, False, "int32", "int32_t", "int32_t", 2**31 - 1, -(2**31)
 I8 = DType("i8", 8, False, "int8", "int8_t", "int8_t", 127, -128)
 # i4 is stored packed two per byte (low nibble = even column): callers get a uint8 tensor [M, N/2]
 I4 = DType("i4", 4, False, "uint8", None, None, 7, -8)
+# MX formats, storage only (what a cast or a store rounds to; see docs/LANGUAGE.md, "Types"):
+# e8m0: an unsigned power of two 2**(e - 127), e = 0..254 (0xFF = NaN; no zero, no sign). A cast
+#   rounds |x| up to a power of two and saturates to [2**-127, 2**127], as CUDA's __nv_fp8_e8m0
+#   (cvt.rp.satfinite) does; NaN stays NaN.
+# e2m1: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives (no inf or NaN). A cast rounds to nearest
+#   even and saturates to +-6; NaN becomes +6 (as __nv_cvt_float_to_fp4). Stored packed two per
+#   byte like i4 (low nibble = even column; code = sign << 3 | exponent << 1 | mantissa).
+E8M0 = DType("e8m0", 8, True, "float8_e8m0fnu", "cutlass::float_ue8m0_t", "__nv_fp8_e8m0", 2.0**127, 2.0**-127)
+E2M1 = DType("e2m1", 4, True, "uint8", None, None, 6.0, -6.0)
 BOOL = DType("bool", 8, False, "bool", "bool", "bool", None)
 
-ALL = {d.name: d for d in (F32, BF16, F16, E4M3, E5M2, I32, I8, I4, BOOL)}
+ALL = {d.name: d for d in (F32, BF16, F16, E4M3, E5M2, I32, I8, I4, E8M0, E2M1, BOOL)}
 # Spellings users reach for; each maps to one canonical dtype.
 ALIASES = {"float32": F32, "fp32": F32, "bfloat16": BF16, "float16": F16, "fp16": F16,
            "fp8e4m3": E4M3, "float8_e4m3": E4M3, "fp8e5m2": E5M2, "float8_e5m2": E5M2,
            "int32": I32, "int8": I8, "int4": I4}
 
 GEMM_OPERAND = (BF16, F16, E4M3, E5M2, I8)   # what the sm90 mainloop multiplies
-STORABLE = (F32, BF16, F16, E4M3, E5M2, I32, I8, I4)
+STORABLE = (F32, BF16, F16, E4M3, E5M2, I32, I8, I4, E8M0, E2M1)
+PACKED = (I4, E2M1)   # 4-bit types: stored two per byte as uint8 [M, N/2], low nibble = even column
 
 
 def lookup(name: str) -> DType | None:

@@ -35,6 +35,11 @@ def round_to(x: torch.Tensor, dt: DType, exact: bool) -> torch.Tensor:
     Saturating types clamp in both modes; exact mode keeps the mantissa of floats."""
     if x.dtype == torch.bool:
         return x
+    if dt is dtypes.E8M0:     # only powers of two: rounded in both modes
+        return round_e8m0(x if exact else x.float().double())
+    if dt is dtypes.E2M1:     # no NaN: it becomes +6 in both modes
+        x = torch.clamp(torch.nan_to_num(x, nan=6.0), -6.0, 6.0)
+        return x if exact else round_e2m1(x.float().double())
     if dt.is_int:   # round half to even and saturate; NaN becomes 0 (as the GPU's cvt.sat does)
         return torch.clamp(torch.round(torch.nan_to_num(x, nan=0.0)), dt.min_finite, dt.max_finite)
     if dt.max_finite is not None:   # fp8: saturate (nan stays nan)
@@ -42,6 +47,48 @@ def round_to(x: torch.Tensor, dt: DType, exact: bool) -> torch.Tensor:
     if exact:
         return x
     return x.to(getattr(torch, dt.torch_name)).to(x.dtype)
+
+
+def round_e8m0(x: torch.Tensor) -> torch.Tensor:
+    """|x| rounded up to a power of two in [2**-127, 2**127] (0 -> 2**-127, inf -> 2**127); NaN stays
+    NaN: CUDA's float -> __nv_fp8_e8m0 conversion (cvt.rp.satfinite)."""
+    m, e = torch.frexp(x.abs())              # |x| = m * 2**e, m in [0.5, 1)
+    up = torch.where(m == 0.5, e - 1, e).to(x.dtype)
+    p = torch.exp2(torch.clamp(up, -127.0, 127.0))
+    p = torch.where(x == 0, torch.full_like(x, 2.0**-127), p)
+    p = torch.where(torch.isinf(x), torch.full_like(x, 2.0**127), p)
+    return torch.where(torch.isnan(x), x, p)
+
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)     # the magnitude of codes 0..7
+
+
+def round_e2m1(x: torch.Tensor) -> torch.Tensor:
+    """x (finite, within +-6) rounded to the nearest e2m1 value, ties to the even code; the sign of
+    zero is kept."""
+    grid = torch.tensor(E2M1_VALUES, dtype=x.dtype, device=x.device)
+    dist = (x.abs().unsqueeze(-1) - grid).abs()
+    best = dist.amin(-1, keepdim=True)
+    odd = torch.arange(8, device=x.device) % 2 == 1
+    code = torch.where(dist == best, odd.to(x.dtype), 2.0).argmin(-1)     # a tie picks the even code
+    return torch.copysign(grid[code], x)
+
+
+def pack_e2m1(values: torch.Tensor) -> torch.Tensor:
+    """e2m1 values [..., N] (already rounded) as the packed bytes [..., N/2] kernels store."""
+    grid = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=values.device)
+    v = values.to(torch.float64)
+    code = (v.abs().unsqueeze(-1) == grid).to(torch.int16).argmax(-1) | (torch.signbit(v).to(torch.int16) << 3)
+    return (code[..., 0::2] | (code[..., 1::2] << 4)).to(torch.uint8)
+
+
+def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """A packed e2m1 output (uint8 [M, N/2], low nibble = even column) as its values [M, N] (float32)."""
+    p = packed.to(torch.int16)
+    codes = torch.stack((p & 0xF, (p >> 4) & 0xF), dim=-1).flatten(-2)
+    grid = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
+    mag = grid[(codes & 7).long()]
+    return torch.where(codes >= 8, -mag, mag)
 
 
 class Interpreter:

@@ -30,6 +30,32 @@ __device__ __forceinline__ float epic_sat(float x, float lo, float hi) { return 
 __device__ __forceinline__ float epic_sat_int(float x, float lo, float hi) {
   return x != x ? 0.f : fminf(fmaxf(rintf(x), lo), hi);
 }""", ()),
+    "epic_e8m0": (r"""
+// e8m0 (docs/LANGUAGE.md): |x| rounded up to a power of two in [2^-127, 2^127], NaN kept -- what
+// __nv_fp8_e8m0 (cvt.rp.satfinite) stores; written out so that kernels and the host agree bit for bit
+__device__ __forceinline__ float epic_e8m0(float x) {
+  uint32_t u = epic_bits(x) & 0x7fffffffu;
+  if (u > 0x7f800000u) return x;
+  if (u <= 0x00400000u) return epic_from_bits(0x00400000u);
+  uint32_t e = (u >> 23) + ((u & 0x7fffffu) != 0u);
+  return epic_from_bits((e < 254u ? e : 254u) << 23);
+}""", ("epic_bits",)),
+    "epic_e2m1": (r"""
+// e2m1 (docs/LANGUAGE.md): the 4-bit code (sign << 3 | magnitude code) of x rounded to nearest even,
+// saturated to +-6, NaN -> +6 (as __nv_cvt_float_to_fp4); and the value of that code
+__device__ __forceinline__ uint32_t epic_e2m1_bits(float x) {
+  if (x != x) return 7u;
+  float a = fabsf(x);
+  uint32_t c = a <= 0.25f ? 0u : a < 0.75f ? 1u : a <= 1.25f ? 2u : a < 1.75f ? 3u
+             : a <= 2.5f ? 4u : a < 3.5f ? 5u : a <= 5.f ? 6u : 7u;
+  return ((epic_bits(x) >> 28) & 8u) | c;
+}
+__device__ __forceinline__ float epic_e2m1_code(float x) { return float(epic_e2m1_bits(x)); }
+__device__ __forceinline__ float epic_e2m1(float x) {
+  uint32_t c = epic_e2m1_bits(x), a = c & 7u;
+  float m = a < 2u ? 0.5f * float(a) : float(1u << ((a >> 1) - 1u)) * (1.f + 0.5f * float(a & 1u));
+  return (c & 8u) ? -m : m;
+}""", ("epic_bits",)),
     "epic_bits": (r"""
 __device__ __forceinline__ uint32_t epic_bits(float x) { return __float_as_uint(x); }
 __device__ __forceinline__ float epic_from_bits(uint32_t u) { return __uint_as_float(u); }""", ()),
@@ -63,7 +89,7 @@ def helpers_for(code: str) -> str:
     epic/ir/primitives.py, and code generation's own), each after the helpers it needs."""
     table = {**P.HELPERS, **CODEGEN_HELPERS}
     aliases = {"epic_bf16_hi": "epic_bf16_lo", "epic_f16_hi": "epic_f16_lo", "epic_from_bits": "epic_bits",
-               "epic_half_word": "epic_byte", "epic_sat_int": "epic_sat"}
+               "epic_half_word": "epic_byte", "epic_sat_int": "epic_sat", "epic_e2m1_code": "epic_e2m1"}
     order: list[str] = []
 
     def need(name: str) -> None:
@@ -86,6 +112,8 @@ def cast_expr(x: str, dt: dtypes.DType, flavor: str = "cutlass") -> str:
     """Round a float to dtype dt and back, with the language's semantics (saturating fp8/int)."""
     if dt is dtypes.F32:
         return x
+    if dt in (dtypes.E8M0, dtypes.E2M1):
+        return f"epic_{dt.name}({x})"
     if dt.is_int or dt.max_finite is None:
         return store_expr(x, dt) if dt.is_int else f"float({_type(dt, flavor)}({x}))"
     return f"float({_type(dt, flavor)}({store_expr(x, dt)}))"
@@ -94,7 +122,12 @@ def cast_expr(x: str, dt: dtypes.DType, flavor: str = "cutlass") -> str:
 def store_expr(x: str, dt: dtypes.DType) -> str:
     """The value a store of dtype dt must hold, in float, before the node converts it (the
     converter then rounds to nearest): integers round half to even and saturate, NaN becomes 0;
-    fp8 saturates and keeps NaN."""
+    fp8 saturates and keeps NaN; e8m0 is the power of two it holds, e2m1 its 4-bit code (the packed
+    store's nibble)."""
+    if dt is dtypes.E8M0:
+        return f"epic_e8m0({x})"
+    if dt is dtypes.E2M1:
+        return f"epic_e2m1_code({x})"
     if dt.max_finite is None:
         return x
     lo, hi = literal(dt.min_finite), literal(dt.max_finite)
@@ -104,7 +137,7 @@ def store_expr(x: str, dt: dtypes.DType) -> str:
 
 
 # Stores whose precision (at most 8 mantissa bits) is far coarser than fast division's 2 ulp error.
-FAST_STORES = (dtypes.BF16, dtypes.E4M3, dtypes.E5M2, dtypes.I8, dtypes.I4)
+FAST_STORES = (dtypes.BF16, dtypes.E4M3, dtypes.E5M2, dtypes.I8, dtypes.I4, dtypes.E2M1)
 
 
 class ExprWriter:

@@ -169,9 +169,9 @@ class Lowering:
         if d.default is not None and dims:
             raise error("E208", "only scalars take a default value", d.span,
                         f"drop the default, or make it a scalar: in {d.name}: f32 = ...")
-        if dims and dt is dtypes.I4:
-            raise error("E205", "int4 inputs are not supported (int4 is an output format)", d.type.dtype_span,
-                        "pass it as i8")
+        if dims and dt in dtypes.PACKED:
+            raise error("E205", f"{dt} inputs are not supported ({dt} is an output format)", d.type.dtype_span,
+                        "pass it as i8" if dt is dtypes.I4 else "pass it as bf16 or e4m3")
         if d.default is not None and not math.isfinite(d.default):
             raise error("E212", f"the default of '{d.name}' must be a finite number", d.span, "e.g. = 1e-6")
         return self.new_tensor(d.name, d.span, dtype=dt, dims=dims, role="scalar" if not dims else "input",
@@ -315,7 +315,7 @@ class _KernelBuilder:
                 raise error("E208", f"'{s.name}' is declared [{', '.join(map(str, declared))}] but its value is "
                             f"a {v.shape.describe(self.rows, self.n)}", s.type.span,
                             f"declare it {s.type.dtype}[{', '.join(map(str, dims))}], or leave the dimensions out")
-        if dt is dtypes.I4 and v.shape.width.denominator != 1 and (v.shape.width * 2).denominator != 1:
+        if dt in dtypes.PACKED and v.shape.width.denominator != 1 and (v.shape.width * 2).denominator != 1:
             raise error("E405", f"'{s.name}': int4 packs column pairs and needs an even width", s.span,
                         "store an even number of columns, or store it as i8")
         self.low.new_tensor(s.name, s.span, dtype=dt, dims=dims, role=s.role, producer=self.g.name,

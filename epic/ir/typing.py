@@ -30,8 +30,9 @@ def check_storable(dtype: DType, shape: Shape, whole_tensor: bool = False) -> No
                             "reduction, e.g. out a: f32 = all_amax(acc)")
     if shape.kind is Kind.SCALAR and dtype is not dtypes.F32:
         raise TypeRuleError("E205", f"a whole-tensor statistic is stored as f32, not {dtype}", "declare it f32")
-    if dtype is dtypes.I4 and shape.kind is not Kind.TILE:
-        raise TypeRuleError("E205", "int4 values are stored packed two per row-adjacent pair: only tiles can be i4")
+    if dtype in dtypes.PACKED and shape.kind is not Kind.TILE:
+        raise TypeRuleError("E205", f"{dtype} values are stored packed two per row-adjacent pair: only tiles can be "
+                            f"{dtype}")
 
 
 def depends_on_whole_reduce(v) -> bool:

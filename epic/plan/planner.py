@@ -64,10 +64,10 @@ def buffer_of(t: Tensor, sizes: dict[str, int], configs: dict) -> Buffer:
         what = (f"per-tile {'row' if axis == 'row' else 'column'} partials, tile-major, padded to the tile"
                 + (", (max, sum-exp) pairs" if t.components == 2 else ""))
         return Buffer(t.name, t.role, t.dtype, shape, "float32", _nbytes(shape, 32), what, t.producer)
-    if t.dtype is dtypes.I4:
+    if t.dtype in dtypes.PACKED:
         shape = layouts.packed_int4_shape(*dims)
         return Buffer(t.name, t.role, t.dtype, shape, "uint8", _nbytes(shape, 8),
-                      "int4 packed two per byte, low nibble = even column", t.producer)
+                      f"{t.dtype} packed two per byte, low nibble = even column", t.producer)
     kind = "row-major" if t.layout == "row" else "K-major (column-major [K, N])"
     return Buffer(t.name, t.role, t.dtype, dims, t.dtype.torch_name, _nbytes(dims, t.dtype.bits),
                   kind if dims else "scalar", t.producer)

@@ -33,7 +33,7 @@ def register(compiled):
         out = []
         for t in outputs:
             dims = tuple(sizes_mod.evaluate_integer(d, sizes) for d in t.dims)
-            if t.dtype is dtypes.I4:          # the plan's packed layout (epic/layouts.py)
+            if t.dtype in dtypes.PACKED:      # the plan's packed layout (epic/layouts.py)
                 dims = layouts.packed_int4_shape(*dims)
             out.append(torch.empty(dims, dtype=getattr(torch, t.dtype.torch_name), device=device))
         return out

@@ -74,6 +74,8 @@ class UnfusedInterpreter(reference.Interpreter):
 
 def _caller_tensor(t, x: torch.Tensor) -> torch.Tensor:
     """An output as the compiled program returns it: its dtype; i4 packed (low nibble = even column)."""
+    if t.dtype is dtypes.E2M1:
+        return reference.pack_e2m1(x)
     if t.dtype is dtypes.I4:
         v = x.to(torch.int16) & 0xF
         return (v[..., 0::2] | (v[..., 1::2] << 4)).to(torch.uint8)

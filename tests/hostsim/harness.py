@@ -192,6 +192,8 @@ class _KernelByKernel(dict):
 
 def as_reference(t, x: torch.Tensor) -> torch.Tensor:
     """A buffer as the reference interpreter holds the tensor: packed int4 bytes unpacked."""
+    if t.dtype is dtypes.E2M1:
+        return reference.unpack_e2m1(x)
     return reference.unpack_int4(x) if t.dtype is dtypes.I4 else x
 
 

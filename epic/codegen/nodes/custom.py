@@ -208,7 +208,7 @@ class BlockScaleHalfWidth(_BlockScale):
 
 
 # ---------------------------------------------------------------- block statistics scaling a tile
-SCALED_TYPES = (dtypes.F32, dtypes.BF16, dtypes.F16)
+SCALED_TYPES = (dtypes.F32, dtypes.BF16, dtypes.F16, dtypes.E4M3, dtypes.E5M2)   # fp8: D converts saturating (satfinite)
 
 
 def block_statistic(s):
@@ -264,7 +264,7 @@ def _block_functor(b, scale, r) -> str:
 class BlockReduceScale(NodeImpl):
     role = "root"
     covers = ("a tile times (or divided by) a function of one 1xB block reduction of a tile, e.g. QK-norm's "
-              "h * rsqrt(block_mean(h * h, Dh) + eps) (bf16/f16/f32 outputs), and that block value")
+              "h * rsqrt(block_mean(h * h, Dh) + eps) (bf16/f16/f32/e4m3/e5m2 outputs), and that block value")
     header = "epic_nodes/block_reduce_scale.hpp"
 
     @classmethod

@@ -15,7 +15,8 @@ D_TYPES = (dtypes.BF16, dtypes.F16, dtypes.F32, dtypes.E4M3, dtypes.E5M2, dtypes
 
 def _tile_store(b, s) -> bool:
     t = b.program.tensors[s.tensor]
-    return s.value.kind is Kind.TILE and s.value.shape.width == 1 and t.dtype.cutlass is not None
+    return (s.value.kind is Kind.TILE and s.value.shape.width == 1 and t.dtype.cutlass is not None
+            and t.dtype is not dtypes.E8M0)
 
 
 def emit_d(impl, b, s, element: str, bits: int, pack=None, note: str = "") -> int:
@@ -62,6 +63,23 @@ class AuxStore(NodeImpl):
     @classmethod
     def emit(cls, b, s) -> int:
         return emit_aux_store(cls, b, s, b.program.tensors[s.tensor].dtype.cutlass)
+
+
+class E8m0Store(NodeImpl):
+    """e8m0 tiles as bytes: the value is rounded to its power of two (functor.store_expr), whose f32
+    exponent field is the e8m0 byte (2**-127, f32's subnormal 0x00400000, has field 0 = code 0)."""
+    role = "store"
+    covers = "e8m0 tiles of the accumulator's width (their exponent bytes, TMA store)"
+
+    @classmethod
+    def matches(cls, b, s) -> bool:
+        t = b.program.tensors[s.tensor]
+        return s.value.kind is Kind.TILE and s.value.shape.width == 1 and t.dtype is dtypes.E8M0
+
+    @classmethod
+    def emit(cls, b, s) -> int:
+        pack = lambda parts: tuple(f"float((epic_bits({x}) >> 23) & 0xffu)" for x in parts)   # noqa: E731
+        return emit_aux_store(cls, b, s, "uint8_t", pack, "[M, N] e8m0 bytes")
 
 
 class _StockPartial(NodeImpl):
