@@ -1,7 +1,9 @@
 """Hypothesis strategies that write random well-formed .epi programs (as text).
 
 A program is one gemm, or a chain of two where the first stores a tile scaled by a random
-per-row statistic (`tmp n`) that the second takes as its A operand; the first may also store a tile
+per-row statistic (`tmp n`, bf16 or f16, or quantized to i8 or e4m3 as dynamic per-token quantization
+does) that the second takes as its A operand; the first may also store a tile quantized with a per-row
+statistic (i8, i4, e4m3, e5m2: finished by the row combine kernel, never deferred) and a tile
 scaled by a random 1x32 block statistic, through maps that may or may not be linear in it (the
 hoist-block-scale pass moves the scale only through the linear ones). Expressions are random trees
 over the accumulator, a residual tile, a row vector, a column vector, a scalar and literals,
@@ -14,6 +16,7 @@ UNARY = ["tanh({})", "sigmoid({})", "silu({})", "abs({})", "relu({})", "gelu({})
          "-({})", "({}) ** 2", "exp(tanh({}))", "sqrt(abs({}) + 1)", "f32({})", "bf16({})"]
 BINARY = ["({}) + ({})", "({}) - ({})", "({}) * ({})", "max({}, {})", "min({}, {})",
           "({}) / (abs({}) + 1)", "select(({}) > 0, {}, 0.5)"]
+QUANTIZED = ["i8", "i4", "e4m3", "e5m2"]
 REDUCE = ["row_sum({})", "row_max({})", "row_mean({})", "row_lse({})", "row_min({})"]
 
 
@@ -65,6 +68,9 @@ def program(draw):
     if draw(st.booleans()):
         lines.append(f"  out s: f32[M] = {draw(row_stat())}")
     if draw(st.booleans()):
+        dtype = draw(st.sampled_from(QUANTIZED))
+        lines.append(f"  out p: {dtype} = ({draw(tile_expr(2))}) / ({draw(row_stat())})")
+    if draw(st.booleans()):
         form = draw(st.sampled_from(BLOCK_FORMS))
         lines.append(f"  out q: f32 = {form.format(l=draw(tile_expr(1)), s=draw(block_stat()))}")
     chain = draw(st.booleans())
@@ -73,8 +79,9 @@ def program(draw):
         local = draw(tile_expr(2))
         form = draw(st.sampled_from(["({l}) * ({s})", "({s}) * ({l})", "({l}) / ({s})", "g * ({s}) * ({l})",
                                      "rmsnorm({l}, g)", "-(({l}) * ({s}))", "(({l}) * ({s})) ** 2"]))
-        lines.append(f"  tmp n: bf16 = {form.format(l=local, s=scale)}")
+        dtype = draw(st.sampled_from(["bf16", "bf16", "f16", "i8", "e4m3"]))
+        lines.append(f"  tmp n: {dtype} = {form.format(l=local, s=scale)}")
     lines.append("}")
     if chain:
-        lines += ["gemm b(n @ w2: bf16[D, E]) {", f"  out y: f32 = {draw(st.sampled_from(['acc', 'acc * 2', 'tanh(acc)', 'acc + alpha']))}", "}"]
+        lines += [f"gemm b(n @ w2: {dtype}[D, E]) {{", f"  out y: f32 = {draw(st.sampled_from(['acc', 'acc * 2', 'tanh(acc)', 'acc + alpha']))}", "}"]
     return "\n".join(lines) + "\n"

@@ -65,7 +65,7 @@ def test_mutated_samples(text, pos, cut, insert):
 @given(program(), st.integers(0, 2**16))
 def test_random_programs_rewrite_equivalently(text, seed):
     a = pipeline.analyze(text, name="gen.epi")     # generated programs are legal by construction
-    sizes = {d: v for d, v in dict(M=19, D=136, E=24).items() if d in a.source_program.dims}
+    sizes = {d: v for d, v in dict(M=19, D=144, E=24).items() if d in a.source_program.dims}
     inputs = reference.random_inputs(a.source_program, sizes, seed)
     # the rewrites are algebra on real numbers: a program that divides by a zero row sum (the
     # generator writes row_sum(acc - acc)) has inf/nan outputs, and moving a 1/0 row scale past a

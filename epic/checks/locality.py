@@ -4,7 +4,8 @@ A reduction over a whole row (row_sum, row_mean, row_lse, ...) or column (col_*)
 any single tile. Its result may be stored (a combine kernel finishes it from per-tile partials),
 and vector math on it may follow (it runs in the combine kernel), but feeding it back into the
 tile inside the same epilogue is impossible. Run after the rewrite passes, which move legal
-cases (a row scale in front of a later GEMM) out of the way; what remains is an E301/E302. A
+cases (a row scale in front of a later GEMM) out of the way, and a quantizing tile store that needs a
+row statistic is finished by the row combine kernel (row_finish.py); what remains is an E301/E302. A
 whole-tensor reduction (all_max(acc)) may be stored and scalar math on it may follow, but no tile or
 vector of the same gemm may use it: E303.
 """
@@ -14,6 +15,7 @@ from ..diagnostics import Diagnostic
 from ..ir import primitives as P
 from ..ir.core import GemmKernel, Program, Value
 from ..shapes import Kind
+from . import row_finish
 
 
 def _is_reduce(v: Value) -> bool:
@@ -74,9 +76,10 @@ def check(program: Program) -> list[Diagnostic]:
         if whole:
             out.append(whole)
             continue
+        in_gemm = row_finish.left_in_gemm(k, program.tensors, dep)
         for v in k.values:
-            if v.id not in dep or _is_reduce(v) or v.kind not in (Kind.TILE, Kind.BLOCK):
-                continue
+            if v.id not in dep or _is_reduce(v) or v.kind not in (Kind.TILE, Kind.BLOCK) or v.id not in in_gemm:
+                continue        # (a quantizing store the row combine kernel finishes is legal)
             r = dep[v.id]
             code = "E301" if r.attrs["axis"] == "row" else "E302"
             name = _nearest_name(v, users, k)

@@ -10,7 +10,7 @@ results. ABI: epic_launch(ptrs, sizes=[M, N, tile M, tile N], scalars, stream, .
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import dtypes
 from ..diagnostics import error
@@ -30,7 +30,9 @@ class CombineSpec:
     pointers: list[Pointer]
     scalars: list[Scalar]
     merge: list[str]        # every lane: merge its tiles, then the butterfly
-    body: list[str]         # lane 0: the vector math and the stores
+    body: list[str]         # lane 0 (every lane when `tile` is not empty): the vector math and the stores
+    stores: list[str] = field(default_factory=list)   # with `tile`: the vector stores, lane 0 only
+    tile: list[str] = field(default_factory=list)     # every lane: finished tile stores, columns lane, lane + 32, ...
 
 
 def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> CombineSpec:
@@ -55,8 +57,14 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
         scalars.append(Scalar(name, dim))
         return f"s[{len(scalars) - 1}]"
 
+    # a row combine's tiles and per-column values: the finished tile stores (epic/checks/row_finish.py)
+    tiled = [v for v in k.values if v.kind in (Kind.TILE, Kind.ROW)] if k.axis == "row" else []
+    if tiled and folded:
+        raise ValueError("a row combine kernel that finishes tile stores does not fold")
     for v in k.values:
         p = P.prim(v.op)
+        if v in tiled:
+            continue            # written in the per-column loop below
         if p.family is P.Family.COMBINE and k.axis == "all":
             i = len(merge)
             lanes = ptr("lanes", v.attrs["buffer"], dtypes.F32)
@@ -119,7 +127,10 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
         else:
             writer.emit(v)
     body.extend(writer.lines)
+    stores: list[str] = []
     for s in k.stores:
+        if s.value.kind is Kind.TILE:
+            continue
         t = program.tensors[s.tensor]
         if t.dtype.cuda is None:
             raise error("E702", f"storing a {t.dtype} vector is not supported by code generation yet", s.span)
@@ -127,7 +138,69 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
         out = ptr("out", t.name, t.dtype)
         value = fn.store_expr(x, t.dtype)
         conv = f"static_cast<{t.dtype.cuda}>({value})" if t.dtype.is_int else f"{t.dtype.cuda}({value})"
-        body.append(f"static_cast<{t.dtype.cuda}*>({out})[{idx}] = {conv};")
+        stores.append(f"static_cast<{t.dtype.cuda}*>({out})[{idx}] = {conv};")
+    if not tiled:
+        return CombineSpec(k.name, identifier(k.name), k.axis, pointers, scalars, merge, body + stores)
+    writer.lines = []
+    tile = _finish_tiles(program, k, tiled, writer, ptr, scalar)
+    return CombineSpec(k.name, identifier(k.name), k.axis, pointers, scalars, merge, body, stores, tile)
+
+
+def _finish_tiles(program: Program, k: CombineKernel, tiled: list, writer, ptr, scalar) -> list[str]:
+    """The per-column loop of a row combine kernel that finishes tile stores (epic/checks/row_finish.py):
+    the lanes of row m's warp take columns lane, lane + 32, ... of the stored width W, read back the
+    unquantized values the gemm stored, and store the quantized ones. i4 is packed two per byte: a lane
+    takes a column pair and writes one byte."""
+    stored = [s for s in k.stores if s.value.kind is Kind.TILE]
+    widths = {s.value.shape.width for s in stored}
+    if len(widths) != 1:
+        raise error("E702", "finished tile stores of different widths in one row are not supported by code "
+                    "generation yet", stored[0].span)
+    w = widths.pop()
+    wdim = k.n * w
+    width = scalar(str(wdim), wdim)
+    for v in tiled:
+        p = P.prim(v.op)
+        if p.reads == "tensor":
+            t = program.tensors[v.attrs["tensor"]]
+            if "period" in v.attrs or t.dtype.cuda is None or v.shape.width != w:
+                raise error("E702", f"reading '{t.name}' ({t.describe()}) while storing a quantized tile row by row is "
+                            "not supported by code generation yet", v.span)
+            pp = ptr("tile" if v.kind is Kind.TILE else "row", t.name, t.dtype)
+            at = "(long long)m * W + n" if v.kind is Kind.TILE else "n"
+            writer.lines.append(f"const float {pp}_at = float(static_cast<const {t.dtype.cuda}*>({pp})[{at}]);")
+            writer.bind(v, (f"{pp}_at",))        # loaded once: the stores in between could alias it
+        elif p.keyword == "col" and v.shape.width == 1:
+            writer.bind(v, ("float(n)",))
+        elif p.family is P.Family.SOURCE and p.keyword:
+            raise error("E702", f"'{v.op}' while storing a quantized tile row by row is not supported by code "
+                        "generation yet", v.span)
+        else:
+            writer.emit(v)
+    packed = any(program.tensors[s.tensor].dtype is dtypes.I4 for s in stored)
+    per = 2 if packed else 1
+    lines = [f"const long long W = (long long)({width});",
+             f"for (long long j = lane; j < {'(W + 1) / 2' if packed else 'W'}; j += 32) {{"]
+    lines += [f"  unsigned pack_{i} = 0u;" for i, s in enumerate(stored)
+              if program.tensors[s.tensor].dtype is dtypes.I4]
+    lines += [f"  for (int e = 0; e < {per}; ++e) {{", f"    const long long n = j * {per} + e;",
+              "    if (n >= W) break;"]
+    lines += [f"    {line}" for line in writer.lines]
+    tail = []
+    for i, s in enumerate(stored):
+        t = program.tensors[s.tensor]
+        (x,) = writer.names[s.value.id]
+        value = fn.store_expr(x, t.dtype)
+        out = ptr("out", t.name, t.dtype)
+        if t.dtype is dtypes.I4:
+            lines.append(f"    pack_{i} |= (unsigned(static_cast<int>({value})) & 0xFu) << (4 * e);")
+            tail.append(f"  static_cast<uint8_t*>({out})[(long long)m * ((W + 1) / 2) + j] = uint8_t(pack_{i});")
+            continue
+        conv = f"static_cast<{t.dtype.cuda}>({value})" if t.dtype.is_int else f"{t.dtype.cuda}({value})"
+        lines.append(f"    static_cast<{t.dtype.cuda}*>({out})[(long long)m * W + n] = {conv};")
+    return lines + ["  }"] + tail + ["}"]
+
+
     return CombineSpec(k.name, identifier(k.name), k.axis, pointers, scalars, merge, body)
 
 

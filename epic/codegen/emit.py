@@ -78,7 +78,7 @@ def render_gemm(spec: evt.KernelSpec) -> str:
 
 def render_combine(spec: combine.CombineSpec) -> str:
     return _env().get_template("combine.cu.j2").render(
-        c=spec, version=__version__, prelude=functor.helpers_for("\n".join(spec.merge + spec.body)),
+        c=spec, version=__version__, prelude=functor.helpers_for("\n".join(spec.merge + spec.body + spec.stores + spec.tile)),
         info=_info(spec, "combine"))
 
 

@@ -8,6 +8,10 @@ split_reductions). The product is flattened through *, / and integer powers, so 
 order works. Anything else that carries the reduction into t (silu(r*h), h + r, a per-column
 statistic) cannot be moved, and the pass says why.
 
+A scale never crosses a store or cast that rounds coarsely or saturates (integers, fp8, f16's
+overflow): i8(r * v) != r * i8(v). Such stores are left for split-reductions, which finishes them in
+the row combine kernel (epic/checks/row_finish.py).
+
 The identity holds for real numbers. Where s is inf or nan (a zero row sum under a division), the
 two forms can differ in which non-finite value they produce: the source sums infinities of both
 signs into nan where the rewrite multiplies a finite product by inf.
@@ -15,6 +19,7 @@ signs into nan where the rewrite multiplies a finite product by inf.
 from __future__ import annotations
 
 from ..checks.locality import describe_reduction, reductions_feeding
+from ..checks.row_finish import commutes_with_scale, nonlinear_crossing
 from ..diagnostics import Diagnostic, EpicError
 from ..dtypes import F32
 from ..ir import core
@@ -101,6 +106,8 @@ def run(program, trace=None):
             v = s.value
             if v.kind is not Kind.TILE or v.id not in dep:
                 continue
+            if nonlinear_crossing(s, tensors[s.tensor], dep) is not None:
+                continue        # a quantizing store: split-reductions finishes it in the row combine kernel
             consumers = [c for c in kernels[i + 1:] if c.kind == "gemm" and c.a == s.tensor]
             if not consumers:
                 continue        # nothing to defer into: the locality check reports it
@@ -150,7 +157,7 @@ def _check_consumers(program, later, s: Store, t: Tensor, consumers, reduction: 
 def _split(v: Value, dep: dict) -> tuple[Value, Value]:
     """v = scale * rest with scale row-constant and non-local; returns (rest, scale)."""
     inner, cast = v, None
-    if P.family(v.op) is P.Family.CAST and v.dtype.is_float:
+    if P.family(v.op) is P.Family.CAST and commutes_with_scale(v.dtype):
         inner, cast = v.args[0], v
     factors: list[tuple[Value, int]] = []
     sign = [1]

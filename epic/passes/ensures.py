@@ -2,6 +2,7 @@
 manager runs after it when EPIC_VERIFY is set. Each check returns a list of problems."""
 from __future__ import annotations
 
+from ..checks import row_finish
 from ..checks.locality import reductions_feeding
 from ..ir import primitives as P
 from ..ir.core import Program, topo_order
@@ -51,15 +52,30 @@ def _no_dead_values(program: Program) -> list[str]:
 
 @_ensure("row-scales-deferred")
 def _row_scales_deferred(program: Program) -> list[str]:
-    """No tile that a later gemm multiplies still needs a whole-row statistic."""
+    """No tile that a later gemm multiplies still needs a whole-row statistic, except quantizing stores
+    the row combine kernel finishes; and no deferred scale crossed a store or cast that is not linear
+    (the deferred value's store and its outermost cast, the only one the deferral looks through, round
+    only as f32/bf16 do)."""
+    from .defer_row_scale import SUFFIX
     a_operands = {k.a for k in program.kernels if k.kind == "gemm"}
     out = []
     for k in program.kernels:
         if k.kind != "gemm":
             continue
         dep = reductions_feeding(k)
+        finished = {id(s) for s in row_finish.finished_stores(k, program.tensors, dep)}
         out += [f"kernel {k.name}: {s.tensor} is an A operand and still depends on a reduction"
-                for s in k.stores if s.tensor in a_operands and s.value.id in dep and s.value.kind is Kind.TILE]
+                for s in k.stores if s.tensor in a_operands and s.value.id in dep and s.value.kind is Kind.TILE
+                and id(s) not in finished]
+        for s in k.stores:
+            if s.tensor + SUFFIX not in program.tensors:
+                continue
+            if not row_finish.commutes_with_scale(program.tensors[s.tensor].dtype):
+                out.append(f"kernel {k.name}: the row scale of {s.tensor} was moved across its "
+                           f"{program.tensors[s.tensor].dtype} store")
+            v = s.value         # the deferral pulls the scale out through the outermost cast only
+            if P.family(v.op) is P.Family.CAST and not row_finish.commutes_with_scale(v.dtype):
+                out.append(f"kernel {k.name}: the row scale of {s.tensor} was moved across a cast to {v.dtype}")
     return out
 
 

@@ -7,7 +7,9 @@ gemm reads only those partials, merges them in tile order with the reduction's o
 log-sum-exp pair (m, s) merges as m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)), then
 computes the vector math that follows the reductions and performs the stores that need it.
 Vector stores that need no reduction (a scaled column vector) move there too: a gemm epilogue
-stores tiles only. Buffers and kernels made here are named NAME__..., a namespace user names
+stores tiles only. A quantizing tile store that needs a row statistic (dynamic per-token
+quantization, epic/checks/row_finish.py) moves to the row combine kernel: the gemm stores the
+unquantized tile-local value into NAME__preI, and the combine kernel reads it back row by row. Buffers and kernels made here are named NAME__..., a namespace user names
 cannot enter.
 
 A whole-tensor reduction (all_f(x) = col_f(row_f(x)): the last step reduces a vector) takes one more
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..checks import row_finish
 from ..checks.locality import reductions_feeding, whole_reductions_feeding
 from ..dtypes import F32
 from ..ir import primitives as P
@@ -34,7 +37,9 @@ def run(program, trace=None):
             kernels.append(k)
             continue
         dep, whole = reductions_feeding(k), whole_reductions_feeding(k)
-        if any(v.kind in (Kind.TILE, Kind.BLOCK) for v in k.values if v.id in dep and not _is_reduce(v)) or \
+        in_gemm = row_finish.left_in_gemm(k, tensors, dep)
+        if any(v.kind in (Kind.TILE, Kind.BLOCK) for v in k.values
+               if v.id in dep and not _is_reduce(v) and v.id in in_gemm) or \
                 any(v.kind is not Kind.SCALAR for v in k.values if v.id in whole):
             kernels.append(k)   # a locality error the checker will report
             continue
@@ -61,9 +66,12 @@ def combine_name(gemm: str, axis: str) -> str:
     return f"{gemm}__{axis}_combine"
 
 
-def _store_axis(s: Store, dep: dict) -> str | None:
+def _store_axis(s: Store, dep: dict, finished: set[int]) -> str | None:
     """Which combine kernel a store belongs to: vectors go to the one over rows (COL) or columns (ROW),
-    whole-tensor statistics to the one over everything."""
+    whole-tensor statistics to the one over everything, quantizing tiles that need a row statistic
+    to the one over rows (it reads back the unquantized value the gemm stores)."""
+    if id(s) in finished:
+        return "row"
     if s.value.kind is Kind.SCALAR:
         return "all"
     if s.value.id in dep:
@@ -72,14 +80,15 @@ def _store_axis(s: Store, dep: dict) -> str | None:
 
 
 def _split(k, dep: dict, tensors: dict) -> list:
-    local_stores = [s for s in k.stores if _store_axis(s, dep) is None]
+    finished = {id(s) for s in row_finish.finished_stores(k, tensors, dep)}
+    local_stores = [s for s in k.stores if _store_axis(s, dep, finished) is None]
     partial_stores: list[Store] = []
     combines = []
     wholes = [v for v in k.values if _is_whole_reduce(v)]
     all_mapped: dict[int, Value] = {}
     for axis in ("row", "col"):
         reduces = [v for v in k.values if _is_tile_reduce(v) and v.attrs["axis"] == axis]
-        stores = [s for s in k.stores if _store_axis(s, dep) == axis]
+        stores = [s for s in k.stores if _store_axis(s, dep, finished) == axis]
         vector = Kind.COL if axis == "row" else Kind.ROW
         for i, w in enumerate(v for v in wholes if v.args[0].kind is vector):
             stores.append(_lanes_store(k, w, i, axis, tensors, all_mapped))
@@ -98,6 +107,9 @@ def _split(k, dep: dict, tensors: dict) -> list:
             width = k.n * x.shape.width if axis == "row" else k.rows
             mapped[r.id] = make("combine", (), dict(attrs, width=width, of_width=x.shape.width), like=r, name=r.name)
         for s in stores:
+            if id(s) in finished:
+                partial_stores += _read_back(k, s, dep, tensors, mapped)
+        for s in stores:
             _copy_into(s.value, mapped)
         new_stores = [Store(s.tensor, mapped[s.value.id], s.span) for s in stores]
         name = combine_name(k.name, axis)
@@ -105,7 +117,7 @@ def _split(k, dep: dict, tensors: dict) -> list:
             tensors[s.tensor] = replace(tensors[s.tensor], producer=name)
         combines.append(CombineKernel(name, k.name, axis, k.rows, k.n,
                                       topo_order([s.value for s in new_stores]), new_stores, span=k.span))
-    whole_stores = [s for s in k.stores if _store_axis(s, dep) == "all"]
+    whole_stores = [s for s in k.stores if _store_axis(s, dep, finished) == "all"]
     if whole_stores:
         for s in whole_stores:
             _copy_into(s.value, all_mapped)
@@ -118,6 +130,22 @@ def _split(k, dep: dict, tensors: dict) -> list:
     stores = local_stores + partial_stores
     gemm = k.with_values(topo_order([s.value for s in stores]), stores)
     return [gemm] + [c for c in combines if c.stores]
+
+
+def _read_back(k, s: Store, dep: dict, tensors: dict, mapped: dict) -> list[Store]:
+    """A finished store's tile-local inputs: the gemm stores each (in its own dtype: nothing is rounded
+    that the source program does not round) into a buffer NAME__preI, which the row combine kernel
+    loads back as a tile. Returns the gemm's new stores."""
+    out = []
+    for i, v in enumerate(row_finish.frontier(s, dep)):
+        if v.id in mapped:          # shared with another finished store
+            continue
+        dt = F32 if v.dtype.name in ("i4", "bool") else v.dtype      # i4 is packed: f32 holds it exactly
+        buf = f"{s.tensor}__pre{i}"
+        tensors[buf] = Tensor(buf, dt, v.shape.dims(k.rows, k.n), "buffer", s.span, producer=k.name)
+        out.append(Store(buf, v, s.span))
+        mapped[v.id] = make("load", (), {"tensor": buf, "dtype": dt, "shape": v.shape}, like=v, name=buf)
+    return out
 
 
 def _lanes_store(k, w: Value, i: int, axis: str, tensors: dict, all_mapped: dict) -> Store:

@@ -170,6 +170,12 @@ def render(plan: Plan, source: Program) -> str:
             out.append(f"       writes {', '.join(work) or 'nothing else'}"
                        + (f"; per-tile partials ({', '.join(parts)})" if parts else ""))
         else:
+            tiles = [s.tensor for s in k.stores if s.value.kind is Kind.TILE]
+            if tiles:
+                back = sorted({v.attrs["tensor"] for v in k.values if _reads_tensor(v) and v.kind is Kind.TILE
+                               and plan.program.tensors[v.attrs["tensor"]].producer == k.source})
+                out.append(f"       then, a warp per row, quantizes {', '.join(tiles)} from {', '.join(back)} "
+                           f"(unquantized, stored by {k.source}): the row statistic is known only here")
             out.append(f"       writes {', '.join(s.tensor for s in k.stores)}")
     out.append("")
     out.append("buffers:")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from .nodes import emulation
-from .parse import CombineSource, GemmSource
+from .parse import CombineSource, GemmSource, PointerUse
 
 _OPERANDS = ("A", "B", "D")
 
@@ -85,20 +85,30 @@ def combine_problems(src: CombineSource, program=None) -> list[str]:
     problems = [f"pointer variable {v} holds P.p[{i}]" for v, i in src.pointer_vars.items() if v != f"p{i}"]
     var = {"row": "m", "col": "n", "all": "0"}[src.axis]
     expect = {"partial": "lanes" if src.axis == "all" else f"{src.axis}_partial",
-              "vector": "col" if src.axis == "row" else "row", "store": "out", "scalar": "scalar"}
+              "vector": "col" if src.axis == "row" else "row", "store": "out", "scalar": "scalar",
+              "tile": "tile", "tile_store": "out"}
     count: dict[int, int] = {}
     for use in src.uses:
         count[use.index] = count.get(use.index, 0) + 1
         role, tensor = entries[use.index] if use.index < len(entries) else ("<none>", "")
-        if role != expect[use.use]:
-            problems.append(f"the kernel uses p{use.index} as {use.use} ({expect[use.use]}), but epic_info says "
+        if use.use == "vector" and src.axis == "row" and use.at == "n":     # a row vector in a finished tile store
+            use = PointerUse(use.index, use.use, use.element, "m")
+            want = "row"
+        else:
+            want = expect[use.use]
+        if use.use in ("tile", "tile_store"):
+            use = PointerUse(use.index, use.use, use.element, var)
+        if program is not None and tensor in program.tensors and program.tensors[tensor].dtype.cuda is None:
+            use = PointerUse(use.index, "packed", use.element, use.at)      # int4 bytes: no element type to compare
+        if role != want:
+            problems.append(f"the kernel uses p{use.index} as {use.use} ({want}), but epic_info says "
                             f"it is {role}:{tensor}")
             continue
         if use.at != var:
             problems.append(f"{role}:{tensor} is indexed by {use.at}, not by the thread's {var}")
         if program is not None and tensor in program.tensors:
             t = program.tensors[tensor]
-            if use.use != "partial" and t.dtype.cuda != use.element:
+            if use.use not in ("partial", "packed") and t.dtype.cuda != use.element:
                 problems.append(f"{role}:{tensor} is accessed as {use.element}, but it is {t.dtype} ({t.dtype.cuda})")
             made = "buffer" if src.axis == "all" else "partial"
             if use.use == "partial" and t.role != made:

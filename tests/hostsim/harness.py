@@ -209,8 +209,10 @@ def expected(case: Case, inputs: dict, host: dict) -> dict[str, torch.Tensor]:
 
 
 def block_quantized(case: Case) -> set[str]:
-    """Tensors that a block-scale node quantizes (its comment: "1x32 block scale -> q, scales s")."""
-    out = set()
+    """Tensors that a block-scale node quantizes (its comment: "1x32 block scale -> q, scales s"), and
+    tiles a row combine kernel quantizes with a row statistic (both divide by an f32 scale)."""
+    out = {s.tensor for k in case.program.kernels if k.kind == "combine" for s in k.stores
+           if s.value.kind.value == "tile"}
     for source in case.sources:
         if kind(source) == "gemm":
             for node in parse_gemm(source).nodes:

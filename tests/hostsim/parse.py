@@ -264,7 +264,8 @@ def parse_gemm(text: str) -> GemmSource:
 class PointerUse:
     index: int          # launch pointer index
     use: str            # "partial" (merged per-tile partials or, whole-tensor, per-row values), "vector"
-                        # (read per row/column), "store", "scalar" (a whole-tensor statistic)
+                        # (read per row/column), "store", "scalar" (a whole-tensor statistic), "tile" (a
+                        # finished tile store's unquantized value read back), "tile_store"
     element: str        # C++ element type it is cast to
     at: str             # the index expression ("m"/"n"; partial: the row/column variable of the entry)
 
@@ -306,6 +307,12 @@ def parse_combine(text: str) -> CombineSource:
         uses.append(PointerUse(index(v), "store", el, at))
     for v in re.findall(r"\(\*static_cast<const float\*>\((p\d+)\)\)", body):
         uses.append(PointerUse(index(v), "scalar", "float", var))
+    # a row combine kernel that finishes quantized tile stores: per column n of row m (combine.py)
+    for el, v in re.findall(r"static_cast<const ([\w:]+)\*>\((p\d+)\)\[\(long long\)m \* W \+ n\]", body):
+        uses.append(PointerUse(index(v), "tile", el, "m, n"))
+    for el, v, at in re.findall(r"static_cast<([\w:]+)\*>\((p\d+)\)\[\(long long\)m \* (W|\(\(W \+ 1\) / 2\)) \+ [nj]\]\s*=",
+                                body):
+        uses.append(PointerUse(index(v), "tile_store", el, "m, n"))
     return CombineSource(text, info, {"m": "row", "n": "col", "0": "all"}[var], pointer_vars, uses)
 
 
