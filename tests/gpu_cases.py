@@ -47,6 +47,10 @@ PROGRAMS = {
     "tests/programs/f16_accumulate.epi": lambda m, n, k: dict(M=m, K=_up(k, 16), N=_up(n, 16)),
     "samples/f16_accumulate.epi": lambda m, n, k: dict(M=m, K=k, N=n),
     "samples/swiglu_fp8_quant.epi": lambda m, n, k: dict(M=m, D=k, F=_up(n // 2, 128)),
+    # dynamic per-token quantization: the row combine kernel writes the quantized tile (row_finish.py)
+    "tests/programs/per_token_i8.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 16), P=_up(k, 8)),
+    "tests/programs/per_token_fp8.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 16), P=_up(k, 8)),
+    "tests/programs/per_token_i4.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 2)),
 }
 # (M, N, K): tile multiples, then ragged (M = 1, 77, 8191; N, K not multiples of 128). M <= 256 gets
 # the pingpong 64x64 configuration, larger M pingpong 128x128 cluster 2x1, and 128x192 where N is a
