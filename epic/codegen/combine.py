@@ -146,6 +146,10 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
     return CombineSpec(k.name, identifier(k.name), k.axis, pointers, scalars, merge, body, stores, tile)
 
 
+# what a finished tile store writes: element types with a plain CUDA conversion, and packed int4
+FINISHED_STORES = (dtypes.F32, dtypes.BF16, dtypes.F16, dtypes.E4M3, dtypes.E5M2, dtypes.I32, dtypes.I8, dtypes.I4)
+
+
 def _finish_tiles(program: Program, k: CombineKernel, tiled: list, writer, ptr, scalar) -> list[str]:
     """The per-column loop of a row combine kernel that finishes tile stores (epic/checks/row_finish.py):
     the lanes of row m's warp take columns lane, lane + 32, ... of the stored width W, read back the
@@ -177,6 +181,11 @@ def _finish_tiles(program: Program, k: CombineKernel, tiled: list, writer, ptr, 
                         "generation yet", v.span)
         else:
             writer.emit(v)
+    for s in stored:
+        if program.tensors[s.tensor].dtype not in FINISHED_STORES:
+            raise error("E702", f"storing '{s.tensor}' as {program.tensors[s.tensor].dtype} row by row after a row "
+                        "statistic is not supported by code generation yet", s.span,
+                        f"store one of {', '.join(d.name for d in FINISHED_STORES)}")
     packed = any(program.tensors[s.tensor].dtype is dtypes.I4 for s in stored)
     per = 2 if packed else 1
     lines = [f"const long long W = (long long)({width});",
