@@ -12,6 +12,7 @@ import pathlib
 import pytest
 import torch
 
+import epic
 from epic import pipeline, reference
 from epic.codegen import emit
 from epic.diagnostics import EpicError
@@ -108,3 +109,27 @@ def test_mx_stores_generate_their_conversions():
     source = "\n".join(u.source for _, u in emit.units(prog, emit.kernel_configs(prog, 64)))
     assert "epic_e2m1_code(" in source and "epic_nodes::Sm90PackedInt4Store" in source
     assert "epic_e8m0(" in source and "Sm90AuxStore<" in source and "uint8_t, RN" in source
+
+
+def test_unfused_form_returns_packed_e2m1_and_e8m0_tensors():
+    prog = epic.compile("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out q: e2m1 = acc\n  out s: e8m0 = acc\n}\n")
+    x = torch.zeros(2, 8, dtype=torch.bfloat16)
+    x[0, 0] = x[1, 1] = 1                             # acc rows = the first two rows of w
+    w = torch.zeros(8, 32, dtype=torch.bfloat16)
+    w[0, :4] = torch.tensor([0.5, -6.0, 2.75, 100.0])
+    w[1, :4] = torch.tensor([0.375, 1.25, 0.0, 3.0])
+    out = prog.unfused(x=x, w=w.t().contiguous().t())
+    # e2m1 codes: 0.5 -> 1, -6 -> 0xF, 2.75 -> 3 (5), 100 -> 6 (7), 0.375 -> 0.5 (1), 1.25 -> 1 (2, tie to
+    # even), 0 -> 0, 3 -> 5; low nibble = even column
+    assert out["q"].dtype == torch.uint8 and out["q"].shape == (2, 16)
+    assert out["q"][:, :2].tolist() == [[0xF1, 0x75], [0x21, 0x50]]
+    assert out["q"][:, 2:].eq(0).all()
+    assert out["s"].dtype == torch.float8_e8m0fnu
+    assert out["s"][:, :4].float().tolist() == [[0.5, 8.0, 4.0, 128.0], [0.5, 2.0, 2.0**-127, 4.0]]
+
+
+def test_e8m0_inputs_are_powers_of_two():
+    text = "gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  in s: e8m0[M, N]\n  out y: f32 = acc + s\n}\n"
+    s = torch.tensor([[1.0, 0.25, 2.0**-127, 2.0**127]]).to(torch.float8_e8m0fnu)
+    feeds = {"x": torch.zeros(1, 4, dtype=torch.bfloat16), "w": torch.zeros(4, 4, dtype=torch.bfloat16), "s": s}
+    assert reference.run(_program(text), feeds)["y"].tolist() == [[1.0, 0.25, 2.0**-127, 2.0**127]]
