@@ -52,9 +52,24 @@ def nvcc_path() -> str:
     return exe
 
 
+VERSION_TIMEOUT = 60.0     # seconds `nvcc --version` may take (capped by EPIC_NVCC_TIMEOUT)
+
+
+def version_of(exe: str, what: str) -> subprocess.CompletedProcess:
+    """`exe --version` under a timeout, its process group killed when it fires (E705 says so)."""
+    timeout = min(VERSION_TIMEOUT, nvcc_timeout())
+    try:
+        return _run([exe, "--version"], timeout)
+    except EpicError as e:
+        if "did not finish" not in e.diagnostics[0].message:
+            raise
+        raise EpicError(Diagnostic("E705", f"`{exe} --version` did not answer in {timeout:g} s and was stopped",
+                                   None, f"check the {what} at {exe}")) from None
+
+
 @functools.lru_cache(maxsize=None)
 def nvcc_version(exe: str) -> str:
-    r = _run([exe, "--version"], min(60.0, nvcc_timeout()))
+    r = version_of(exe, "nvcc (or set EPIC_NVCC to another)")
     if r.returncode != 0:
         excerpt = "\n".join((r.stderr or r.stdout).strip().splitlines()[:6])
         raise EpicError(Diagnostic("E705", f"`{exe} --version` failed (exit status {r.returncode})\n{excerpt}",
@@ -107,6 +122,28 @@ def library_path(unit: Unit) -> Path:
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def check_paths(unit: Unit, exe: str, target: Path) -> None:
+    """Refuse, before anything is created or run, a path that reaches a shell during the build (nvcc's
+    steps, nvcc_split's `bash -c`) holding a character the shell would interpret: the cache entry
+    (source, output and nvcc's temporaries live there; E704), nvcc's own directory and CUTLASS's
+    include directories (E705)."""
+    def bad(path: str) -> str | None:
+        c = nvcc_split.shell_hazard(path)
+        return None if c is None else repr(c) if not c.isprintable() else f"'{c}'"
+
+    entry = os.path.abspath(target.parent)
+    if c := bad(entry):
+        raise EpicError(Diagnostic("E704", f"the kernel cache path {entry!r} contains {c}, which the shell that "
+                                   "runs nvcc's steps would interpret", None,
+                                   "set EPIC_CACHE_DIR to a path without any of " + " ".join(sorted(nvcc_split.SHELL_CHARS))))
+    dirs = [os.path.dirname(os.path.realpath(exe)), *(cutlass_paths()[1] if unit.uses_cutlass else [])]
+    for d in dirs:
+        if c := bad(os.path.abspath(d)):
+            raise EpicError(Diagnostic("E705", f"nvcc would pass the path {d!r} through a shell, and it contains "
+                                       f"{c}, which the shell would interpret", None,
+                                       "install the CUDA toolkit and Python packages under a plain path"))
 
 
 def nvcc_timeout() -> float:
@@ -184,6 +221,7 @@ def build_one(unit: Unit, split: bool = True) -> Path:
         what = "is not in the cache" if why == cache.MISSING else f"is damaged in the cache ({why}): {target}"
         raise EpicError(Diagnostic("E704", f"kernel '{unit.name}' {what} ({cache_dir()}) and EPIC_NO_BUILD is set",
                                    None, "build it first with `epic build` or unset EPIC_NO_BUILD"))
+    check_paths(unit, exe, target)
     timeout = nvcc_timeout()
     with cache.locked(target.parent, wait=timeout + 60):   # a second builder waits here, then finds the library
         if cache.problem(target) is None:

@@ -6,7 +6,9 @@ One entry of kind "launcher" holds the compiled call path (runtime/fastcall.py),
 While a build runs the directory also holds .lock (the builder's flock) and a .tmp-* directory
 (nvcc's output and temporaries). An entry is served only if its manifest matches the library and the
 library is a complete ELF shared object exporting epic's C ABI: a truncated library would otherwise
-kill the process with SIGBUS inside dlopen.
+kill the process with SIGBUS inside dlopen. Only regular files are read (a FIFO or /dev/zero
+planted in a shared cache is a damaged entry, not a hang), and pruning or cleaning never follows a
+symbolic link nor deletes anything outside the cache directory.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..diagnostics import Diagnostic, EpicError
+from ..frontend.sources import NotARegularFile, read_bytes
 
 EXPORTS = ("epic_launch", "epic_workspace_size", "epic_info")
 LAUNCHER_EXPORTS = ("PyInit_epic_launcher",)      # the compiled call path (runtime/fastcall.py)
@@ -30,6 +33,8 @@ TMP_PREFIX = ".tmp-"
 LOCK = ".lock"
 KEY_RE = re.compile(r"[0-9a-f]{24}")      # entry directories; anything else under the root is left alone
 MISSING = "not in the cache"
+MAX_LIBRARY = 1 << 30     # a CUTLASS kernel is a few MiB; anything near this is not one of epic's
+MAX_MANIFEST = 1 << 20
 
 
 def cache_dir() -> Path:
@@ -118,7 +123,7 @@ def library_problem(data: bytes, exports: tuple[str, ...] = EXPORTS) -> str | No
 
 # ---------------------------------------------------------------- entries
 def read_manifest(lib: Path) -> dict:
-    m = json.loads(manifest_path(lib).read_text())
+    m = json.loads(read_bytes(manifest_path(lib), MAX_MANIFEST, "manifest"))
     if not isinstance(m, dict):
         raise ValueError("not a JSON object")
     return m
@@ -134,9 +139,11 @@ def problem(lib: Path) -> str | None:
     except (OSError, ValueError) as e:
         return f"unreadable manifest ({e})"
     try:
-        data = lib.read_bytes()
+        data = read_bytes(lib, MAX_LIBRARY, "kernel library")
     except FileNotFoundError:
         return "a manifest without its library"
+    except NotARegularFile as e:
+        return f"unreadable library ({e})"
     except OSError as e:
         return f"unreadable library ({e.strerror})"
     if m.get("size") != len(data):
@@ -154,9 +161,11 @@ def commit(built: Path, target: Path, expect: dict | None = None, kind: str = "k
     an entry without a manifest (rejected), or a whole one. The manifest is written next to `built`,
     in the build's temporary directory, so a failure leaves nothing behind."""
     try:
-        data = built.read_bytes()
+        data = read_bytes(built, MAX_LIBRARY, "kernel library")
     except FileNotFoundError:
         return "nvcc wrote no output file"
+    except NotARegularFile as e:
+        return str(e)
     exports = LAUNCHER_EXPORTS if kind == "launcher" else EXPORTS
     bad = library_problem(data, exports)
     if bad:
@@ -188,7 +197,7 @@ def _acquire(lock: Path, wait: float) -> int | None:
     while True:
         lock.parent.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except FileNotFoundError:                 # the directory went away meanwhile: recreate it
             continue
         try:
@@ -239,7 +248,7 @@ def locked(entry: Path, wait: float):
 
 def _held(lock: Path) -> bool:
     try:
-        fd = os.open(lock, os.O_RDONLY)
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False
     try:
@@ -262,16 +271,35 @@ class Report:
     temps: list[Path] = field(default_factory=list)            # orphaned temporaries
     stale_locks: list[Path] = field(default_factory=list)
     busy: list[Path] = field(default_factory=list)             # directories a build is writing now
+    links: list[Path] = field(default_factory=list)            # symbolic links named like entries
     size: int = 0
 
 
-def _entry_dirs(root: Path) -> list[Path]:
+def _keyed(root: Path) -> list[Path]:
     try:
-        return sorted(d for d in root.iterdir() if KEY_RE.fullmatch(d.name) and d.is_dir())
+        return sorted(d for d in root.iterdir() if KEY_RE.fullmatch(d.name))
     except FileNotFoundError:
         return []
     except OSError as e:
         raise unusable(root, e) from None
+
+
+def _entry_dirs(root: Path) -> list[Path]:
+    """The entry directories: real ones only. A symbolic link named like an entry (epic makes none)
+    may point at another user's files; following it would let a prune delete them."""
+    return [d for d in _keyed(root) if not d.is_symlink() and d.is_dir()]
+
+
+def _links(root: Path) -> list[Path]:
+    return [d for d in _keyed(root) if d.is_symlink()]
+
+
+def _inside(root: Path, p: Path) -> bool:
+    """Whether p itself (not what it links to) lies inside the cache directory root."""
+    try:
+        return p.parent.resolve().is_relative_to(root.resolve())
+    except OSError:
+        return False
 
 
 def _size(p: Path) -> int:
@@ -302,7 +330,7 @@ def _classify(d: Path, report: Report) -> None:
 def scan(root: Path | None = None) -> Report:
     """What the cache holds, without changing it."""
     root = root or cache_dir()
-    report = Report(root, exists=root.is_dir())
+    report = Report(root, exists=root.is_dir(), links=_links(root))
     for d in _entry_dirs(root):
         report.size += _size(d)
         lock = d / LOCK
@@ -318,16 +346,27 @@ def scan(root: Path | None = None) -> Report:
     return report
 
 
-def _remove(p: Path) -> None:
+def _remove(root: Path, p: Path) -> None:
+    """Delete p (a link itself, never its target), only if it lies inside the cache."""
+    if not _inside(root, p):
+        raise EpicError(Diagnostic("E704", f"refusing to delete {p}: it is not inside the kernel cache {root}",
+                                   None, "a directory of the cache was replaced while it was being pruned?"))
     if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p)
+        shutil.rmtree(p)                          # removes links inside as links
     else:
         p.unlink(missing_ok=True)
 
 
+def _unlink_links(root: Path, removed: Report) -> None:
+    for link in _links(root):
+        _remove(root, link)
+        removed.links.append(link)
+
+
 def prune(root: Path | None = None) -> Report:
-    """Remove orphaned temporaries, stale locks and entries that fail validation; directories a build
-    holds are left alone. Returns what was removed (in a Report) and what was busy."""
+    """Remove orphaned temporaries, stale locks, entries that fail validation and symbolic links named
+    like entries (the links, not their targets); directories a build holds are left alone. Returns
+    what was removed (in a Report) and what was busy."""
     root = root or cache_dir()
     removed = Report(root, exists=root.is_dir())
     for d in _entry_dirs(root):
@@ -345,7 +384,7 @@ def prune(root: Path | None = None) -> Report:
                 _classify(d, found)
                 for p in found.temps + [p for p, _ in found.bad]:
                     removed.size += _size(p)
-                    _remove(p)
+                    _remove(root, p)
                     if p.suffix == ".so":
                         manifest_path(p).unlink(missing_ok=True)
                 removed.temps += found.temps
@@ -356,12 +395,17 @@ def prune(root: Path | None = None) -> Report:
                 d.rmdir()
         except OSError as e:
             raise unusable(Path(e.filename or d), e) from None
+    try:
+        _unlink_links(root, removed)
+    except OSError as e:
+        raise unusable(Path(e.filename or root), e) from None
     return removed
 
 
 def clean(root: Path | None = None) -> Report:
-    """Remove every entry directory (not anything else under the root) except those a build holds.
-    Returns the removed directories as `entries`, with their total size."""
+    """Remove every entry directory (not anything else under the root) except those a build holds,
+    and symbolic links named like entries (the links, not their targets). Returns the removed
+    directories as `entries`, with their total size."""
     root = root or cache_dir()
     removed = Report(root, exists=root.is_dir())
     for d in _entry_dirs(root):
@@ -372,10 +416,14 @@ def clean(root: Path | None = None) -> Report:
                 continue
             try:
                 removed.size += _size(d)
-                shutil.rmtree(d)
+                _remove(root, d)
                 removed.entries.append(d)
             finally:
                 _release(d / LOCK, fd)
         except OSError as e:
             raise unusable(Path(e.filename or d), e) from None
+    try:
+        _unlink_links(root, removed)
+    except OSError as e:
+        raise unusable(Path(e.filename or root), e) from None
     return removed

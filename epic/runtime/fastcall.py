@@ -67,7 +67,7 @@ def flags() -> list[str]:
 def library_path(exe: str) -> Path:
     """The cache entry: keyed by the source, the flags, torch, Python and the compiler's version."""
     h = hashlib.sha256()
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
+    version = build.version_of(exe, "C++ compiler (CXX)").stdout     # bounded: a hanging compiler is E705
     for part in (SOURCE.read_text(), " ".join(flags()), torch.__version__, sys.version, version, str(ABI)):
         h.update(part.encode())
         h.update(b"\0")

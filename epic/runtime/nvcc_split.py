@@ -20,6 +20,17 @@ import time
 import zlib
 from pathlib import Path
 
+# Characters a POSIX shell interprets, even inside the double quotes nvcc puts around paths. nvcc runs
+# its steps through a shell and build() runs them with `bash -c`: a path holding one could run
+# commands (build.check_paths refuses such paths before nvcc starts). Spaces nvcc quotes correctly.
+SHELL_CHARS = frozenset("$`\\\"';&|<>()*?[]{}~!#")
+
+
+def shell_hazard(path: str) -> str | None:
+    """The first character of `path` that a shell would interpret (or a control character), or None."""
+    return next((c for c in path if c in SHELL_CHARS or not c.isprintable()), None)
+
+
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _MODULE_ID = re.compile(r'--module_id_file_name\s+"([^"]+)"')
 

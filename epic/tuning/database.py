@@ -10,8 +10,9 @@ passes rewrite it differently, never matches), and the bucket is the row count r
 power of two with every other dimension exact (a model's weights fix them). The entry holds the
 per-gemm configuration (epic.compile's `config` dicts), the tuned and heuristic times and the date.
 
-The file is input from users: anything unreadable or malformed is reported once as a warning and
-ignored (entry by entry), never a crash; entries are re-checked like a call's config before use.
+The file is input from users: anything unreadable or malformed (also a FIFO, a device or a file over
+MAX_BYTES) is reported once as a warning and ignored (entry by entry), never a crash or a hang;
+entries are re-checked like a call's config before use.
 """
 from __future__ import annotations
 
@@ -26,9 +27,11 @@ from pathlib import Path
 from .. import sizes as sizes_mod
 from ..diagnostics import Diagnostic, EpicError
 from ..frontend import options
+from ..frontend.sources import read_bytes
 from ..ir import dump
 
 VERSION = 1
+MAX_BYTES = 64 << 20     # tens of thousands of entries; a FIFO or /dev/zero is refused, not read
 _WARNED: set[str] = set()
 _LOCK = threading.Lock()
 
@@ -81,7 +84,7 @@ def load(file: Path | None = None) -> dict:
     """The entries of the database ({} if there is none, or it cannot be read: a warning says why)."""
     file = file or path()
     try:
-        data = json.loads(file.read_text())
+        data = json.loads(read_bytes(file, MAX_BYTES, "tuning database"))
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError, ValueError) as e:
