@@ -47,6 +47,7 @@ PROGRAMS = {
     "tests/programs/f16_accumulate.epi": lambda m, n, k: dict(M=m, K=_up(k, 16), N=_up(n, 16)),
     "samples/f16_accumulate.epi": lambda m, n, k: dict(M=m, K=k, N=n),
     "samples/swiglu_fp8_quant.epi": lambda m, n, k: dict(M=m, D=k, F=_up(n // 2, 128)),
+    "samples/qkv_qk_norm.epi": lambda m, n, k: dict(M=m, D=k, H=max(1, n // 768), Dh=128),
     # dynamic per-token quantization: the row combine kernel writes the quantized tile (row_finish.py)
     "tests/programs/per_token_i8.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 16), P=_up(k, 8)),
     "tests/programs/per_token_fp8.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 16), P=_up(k, 8)),

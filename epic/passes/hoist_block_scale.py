@@ -9,6 +9,10 @@ generation computes E[y] element by element while it reduces the blocks, and mul
 block's statistic is known (BlockReduceScale, codegen/nodes/custom.py). RoPE is such an E, so
 `rope(h * rsqrt(block_mean(h * h, Dh) + eps) * gamma, pos, freq)` is one epilogue.
 
+A store that selects between such a tile and a block-free one by a block-free condition -- QK-norm on
+the q and k heads of a fused QKV projection, v passed through: select(col < qk_cols, E[y * s], acc) --
+becomes select(c, E[y] * s, w): the kernel keeps, per element, whether the scale applies.
+
 A store that already has that form (q = x / s of the block quantizers) is left alone, and so is one
 whose scale cannot be moved (exp(s * x), a cast of a scaled value, a block sum added to a tile): code
 generation then says it cannot build it (E702). The identity holds for real numbers; in floating point
@@ -95,6 +99,11 @@ def _pull(v: Value, dep: set[int], memo: dict) -> tuple[Value | None, Factors]:
         if ra is None or rb is None or not _same(fa, fb):
             raise _Fixed          # x * s + y: the terms carry different scales
         out = make(v.op, (ra, rb), v.attrs, like=v), fa
+    elif p.family is P.Family.SELECT:                        # select(c, x * s, y * s) = select(c, x, y) * s
+        (rc, fc), (ra, fa), (rb, fb) = parts
+        if fc or ra is None or rb is None or not _same(fa, fb):
+            raise _Fixed
+        out = make(v.op, (rc, ra, rb), v.attrs, like=v), fa
     elif p.family is P.Family.PAIR:                          # even(x * s) = even(x) * s
         (r, f), = parts
         out = make(v.op, (r,), v.attrs, like=v), f
@@ -110,10 +119,39 @@ def _one(like: Value) -> Value:
     return const(1.0, span=like.span)
 
 
+def select_form(v: Value, dep: set[int]) -> tuple[Value, int, tuple[Value, Value, bool]] | None:
+    """(c, i, root form of branch i) when v = select(c, a, b) with branch i (1 or 2) in root form
+    (y * s, y / s) and c and the other branch free of block values."""
+    if P.family(v.op) is not P.Family.SELECT or v.kind is not Kind.TILE or v.args[0].id in dep:
+        return None
+    dependent = [i for i in (1, 2) if v.args[i].id in dep]
+    if len(dependent) != 1:
+        return None
+    form = root_form(v.args[dependent[0]], dep)
+    return None if form is None else (v.args[0], dependent[0], form)
+
+
+def _hoisted_select(v: Value, dep: set[int]) -> Value | None:
+    """select(c, E[y * s], w) -> select(c, E[y] * s, w) (c and w free of block values), or None."""
+    if P.family(v.op) is not P.Family.SELECT or v.args[0].id in dep:
+        return None
+    dependent = [i for i in (1, 2) if v.args[i].id in dep]
+    if len(dependent) != 1:
+        return None
+    branch = hoisted(v.args[dependent[0]], dep)
+    if branch is None:
+        return None
+    args = list(v.args)
+    args[dependent[0]] = branch
+    return make(v.op, tuple(args), v.attrs, like=v, name=v.name)
+
+
 def hoisted(v: Value, dep: set[int]) -> Value | None:
     """v rewritten as rest * s (or rest / s), or None when v stays as it is."""
-    if v.id not in dep or v.kind is not Kind.TILE or v.shape.width != 1 or root_form(v, dep):
+    if v.id not in dep or v.kind is not Kind.TILE or v.shape.width != 1 or root_form(v, dep) or select_form(v, dep):
         return None
+    if (out := _hoisted_select(v, dep)) is not None:
+        return out
     try:
         rest, factors = _pull(v, dep, {})
     except _Fixed:
@@ -139,12 +177,34 @@ def run(program, trace=None):
         for s in k.stores:
             new = hoisted(s.value, dep)
             if new is not None and trace is not None:
-                trace.append(f"{k.name}: '{s.tensor}' = (its element-wise math) {'/' if P.prim(new.op).algebra == 'quotient' else '*'} "
-                             f"its 1x{new.args[1].shape.block} block scale")
+                trace.append(_describe(k.name, s.tensor, new))
             stores.append(Store(s.tensor, new, s.span) if new is not None else s)
         if any(a is not b for a, b in zip(stores, k.stores)):
             kernels[i] = k.with_values(topo_order([s.value for s in stores]), stores)
     return program.replace_kernels(kernels, dict(program.tensors))
+
+
+def _describe(kernel: str, tensor: str, new: Value) -> str:
+    form = select_form(new, block_dependent_of(new))
+    where = "" if form is None else " where the selection takes it"
+    y, s, divide = form[2] if form else (new.args[0], new.args[1], P.prim(new.op).algebra == "quotient")
+    return f"{kernel}: '{tensor}' = (its element-wise math) {'/' if divide else '*'} its 1x{s.shape.block} block scale{where}"
+
+
+def block_dependent_of(root: Value) -> set[int]:
+    """block_dependent over the values root is computed from."""
+    order, seen, stack = [], set(), [root]
+    while stack:
+        v = stack.pop()
+        if v.id not in seen:
+            seen.add(v.id)
+            order.append(v)
+            stack.extend(v.args)
+    dep: set[int] = set()
+    for v in sorted(order, key=lambda x: x.id):
+        if v.kind is Kind.BLOCK or any(a.id in dep for a in v.args):
+            dep.add(v.id)
+    return dep
 
 
 def unhoisted(program) -> list[str]:

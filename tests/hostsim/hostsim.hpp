@@ -731,8 +731,9 @@ struct BlockScale : Node {
 // epic_nodes::Sm90BlockReduceScale<Block, Fn, Divide, ElementScale>: the root, scaling its first child y
 // by s = Fn::finalize(stat) of each 1 x Block row segment, stat = Fn::merge of Fn::pre(z) over the
 // segment's valid elements of its second child z (from Fn::identity()); D = y * s (Divide: y / s); s
-// stored as ElementScale at [m * ceil(N / Block) + g] when ptr_scale is given.
-template <int Block, class Fn, bool Divide, class ElementScale>
+// stored as ElementScale at [m * ceil(N / Block) + g] when ptr_scale is given. Masked: a third child,
+// per element 0 (D = y) or 1 (scaled).
+template <int Block, class Fn, bool Divide, class ElementScale, bool Masked = false>
 struct BlockReduceScale : Node {
   struct Arguments {
     ElementScale* ptr_scale = nullptr;
@@ -742,6 +743,7 @@ struct BlockReduceScale : Node {
   SplitHalves halves;
   Arguments args;
   std::vector<float> stat;
+  std::vector<char> scaled;    // Masked: per element of the tile, whether the scale applies
   Tile tile{};
   BlockReduceScale(Arguments const& a, Problem p) : Node{p}, args(a) {}
 
@@ -750,6 +752,15 @@ struct BlockReduceScale : Node {
   void begin(Tile const& t) {
     tile = t;
     stat.assign(size_t(t.tile_m) * std::max(1, t.tile_n / Block), Fn::identity());
+    scaled.assign(size_t(t.tile_m) * t.tile_n, 1);
+  }
+
+  template <class Y, class Z, class Mask>
+  Frag<float> visit(Fragment const& f, Frag<Y> const& y, Frag<Z> const& z, Frag<Mask> const& mask) {
+    static_assert(Masked, "a third child needs Masked");
+    for (int i = 0; i < kFrag; ++i)
+      scaled[size_t(f.m[i] - tile.m0) * tile.tile_n + (f.n[i] - tile.n0)] = float(mask[i]) != 0.0f;
+    return visit(f, y, z);
   }
 
   template <class Y, class Z>
@@ -772,7 +783,8 @@ struct BlockReduceScale : Node {
     }
     for (size_t v = 0; v < frags.size(); ++v)
       for (int i = 0; i < kFrag; ++i) {
-        float s = scale[slot(frags[v].m[i], frags[v].n[i])];
+        bool on = scaled[size_t(frags[v].m[i] - t.m0) * t.tile_n + (frags[v].n[i] - t.n0)];
+        float s = on ? scale[slot(frags[v].m[i], frags[v].n[i])] : 1.0f;    // y * 1, y / 1: y
         results[v][i] = Divide ? results[v][i] / s : results[v][i] * s;
       }
   }

@@ -22,7 +22,9 @@ from fractions import Fraction
 
 from ... import dtypes
 from ...ir import primitives as P
-from ...passes.hoist_block_scale import block_dependent, root_form
+from ...ir.core import const
+from ...passes.hoist_block_scale import block_dependent, root_form, select_form
+from ...passes.rewrite import make
 from ...passes.patterns import C, Op, V
 from ...shapes import Kind
 from .. import functor as fn
@@ -233,13 +235,25 @@ def block_statistic(s):
 
 
 def match_block_root(b, s):
-    """(y, s, divide, block reduction) when a store is y * s / y / s of a block statistic s, or None."""
-    form = root_form(s.value, block_dependent(b.k))
-    if form is None or s.value.shape.width != 1:
+    """(y, s, divide, block reduction, mask) when a store is y * s / y / s of a block statistic s (mask
+    None), or select(c, y' * s, w) (either order; y = select(c, y', w), the mask 1 where the scale
+    applies, else 0), or None."""
+    v = s.value
+    dep = block_dependent(b.k)
+    form, mask = root_form(v, dep), None
+    if form is None and (sel := select_form(v, dep)) is not None:
+        c, i, (y, scale, divide) = sel
+        args = [c, v.args[1], v.args[2]]
+        args[i] = y
+        bits = [const(0.0, span=v.span), const(0.0, span=v.span)]
+        bits[i - 1] = const(1.0, span=v.span)
+        form = make("select", tuple(args), like=v), scale, divide
+        mask = make("select", (c, *bits), like=v)
+    if form is None or v.shape.width != 1:
         return None
     y, scale, divide = form
     r = block_statistic(scale)
-    return None if r is None else (y, scale, divide, r)
+    return None if r is None else (y, scale, divide, r, mask)
 
 
 def _block_functor(b, scale, r) -> str:
@@ -264,7 +278,8 @@ def _block_functor(b, scale, r) -> str:
 class BlockReduceScale(NodeImpl):
     role = "root"
     covers = ("a tile times (or divided by) a function of one 1xB block reduction of a tile, e.g. QK-norm's "
-              "h * rsqrt(block_mean(h * h, Dh) + eps) (bf16/f16/f32/e4m3/e5m2 outputs), and that block value")
+              "h * rsqrt(block_mean(h * h, Dh) + eps) (bf16/f16/f32/e4m3/e5m2 outputs), and that block value; "
+              "also selected against a tile without it (select(col < n, head_rmsnorm(acc, g, 128), acc))")
     header = "epic_nodes/block_reduce_scale.hpp"
 
     @classmethod
@@ -280,14 +295,15 @@ class BlockReduceScale(NodeImpl):
     @classmethod
     def emit(cls, b, s) -> int:
         t = b.program.tensors[s.tensor]
-        y, scale, divide, r = match_block_root(b, s)
+        y, scale, divide, r, mask = match_block_root(b, s)
         block = r.attrs["block"]
         functor = _block_functor(b, scale, r)
-        inputs = [b.compute(y), b.compute(r.args[0])]
+        inputs = [b.compute(y), b.compute(r.args[0])] + ([b.compute(mask)] if mask is not None else [])
         scales = cls.claims(b, s)
         el, scale_arg = _block_values_pointer(b, scales, f"[M, N/{block}] block values")
         b.set_d(t, t.dtype.cutlass, t.dtype.bits, f"[M, N] {t.dtype}, scaled per 1x{block} block")
-        return b.add(cls, f"epic_nodes::Sm90BlockReduceScale<{block}, {functor}, {'true' if divide else 'false'}, {el}>",
+        masked = ", true" if mask is not None else ""     # per element: whether the scale applies
+        return b.add(cls, f"epic_nodes::Sm90BlockReduceScale<{block}, {functor}, {'true' if divide else 'false'}, {el}{masked}>",
                      f"{{{scale_arg}{_pair_slots(b, block)}}}", inputs,
                      f"1x{block} block {r.attrs['fn']} scale -> {t.name}" + (f", values {scales[0].tensor}" if scales else ""))
 

@@ -1,4 +1,4 @@
-// epic_nodes::Sm90BlockReduceScale<Block, Fn, Divide, ElementScale>: the ROOT of an epilogue DAG that
+// epic_nodes::Sm90BlockReduceScale<Block, Fn, Divide, ElementScale, Masked>: the ROOT of an epilogue DAG that
 // scales its first child y by a statistic of each 1 x Block row segment of its second child z.
 //
 // For every row m and column segment g = n / Block (valid columns only):
@@ -6,6 +6,10 @@
 //   s    = Fn::finalize(stat)                                         (a generated functor)
 //   D    = y * s            (Divide: y / s, IEEE fp32 division)       converted and stored by the collective
 //   ptr_scale, when given: ElementScale(s) at [m * ceil(N / Block) + g]   (row-major [M, ceil(N/Block)])
+//   Masked: a third child, per element 0 or 1: D = y where it is 0 (the scale skipped), y * s where 1.
+//           A fused QKV projection's QK-norm: select(col < qk_cols, head_rmsnorm(acc, gamma, 128), acc)
+//           gives y = select(col < qk_cols, acc * gamma, acc) and mask = (col < qk_cols); one bit per
+//           element of the subtile is kept from visit() to reduce().
 //
 // QK-norm after epic's hoist-block-scale pass: y = rope(acc * gamma, pos, freq), z = acc * acc,
 // Fn = sum with finalize rsqrt(stat / Dh + eps): one epilogue, no second pass over the output.
@@ -25,11 +29,12 @@
 // subtile row. Registers only, no shared memory, deterministic.
 #pragma once
 
+#include <utility>
 #include "epic_nodes/detail.hpp"
 
 namespace epic_nodes {
 
-template <int Block, class Fn, bool Divide, class ElementScale>
+template <int Block, class Fn, bool Divide, class ElementScale, bool Masked = false>
 struct Sm90BlockReduceScale : detail::NoWorkspaceNoLoads {
   static_assert(Block >= 8 && Block <= 256 && (Block & (Block - 1)) == 0,
                 "epic_nodes::Sm90BlockReduceScale: Block must be a power of two in [8, 256]");
@@ -69,6 +74,8 @@ struct Sm90BlockReduceScale : detail::NoWorkspaceNoLoads {
     CoordTensor tCcD;      // element coordinates relative to the thread's first element
     Residue residue_tCcD;  // (M, N) - absolute coordinate of the thread's first element
     Params const& params;
+    static constexpr int Elements = decltype(cute::size(std::declval<StatTensor&>()))::value;  // per subtile
+    uint32_t mask_bits[Masked ? (Elements + 31) / 32 : 1];   // Masked: bit k set: element k is scaled
 
     CUTLASS_DEVICE void reset() {
       auto fStat = cute::filter(tStat);
@@ -97,6 +104,22 @@ struct Sm90BlockReduceScale : detail::NoWorkspaceNoLoads {
       }
       cutlass::NumericArrayConverter<float, ElementY, FragmentSize> convert;
       return convert(frg_y);
+    }
+
+    // Masked: the mask's bits recorded (k is static once unrolled), then as above
+    template <class ElementAccumulator, class ElementY, class ElementZ, class ElementMask, int FragmentSize>
+    CUTLASS_DEVICE cutlass::Array<float, FragmentSize>
+    visit(cutlass::Array<ElementAccumulator, FragmentSize> const& acc, int epi_v, int epi_m, int epi_n,
+          cutlass::Array<ElementY, FragmentSize> const& frg_y, cutlass::Array<ElementZ, FragmentSize> const& frg_z,
+          cutlass::Array<ElementMask, FragmentSize> const& frg_mask) {
+      static_assert(Masked, "epic_nodes::Sm90BlockReduceScale: a third child needs Masked");
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) {
+        int k = epi_v * FragmentSize + i;
+        uint32_t bit = uint32_t(float(frg_mask[i]) != 0.f) << (k & 31);
+        mask_bits[k >> 5] = (mask_bits[k >> 5] & ~(1u << (k & 31))) | bit;
+      }
+      return visit(acc, epi_v, epi_m, epi_n, frg_y, frg_z);
     }
 
     template <class STensor, class SyncFn, class VTensor>
@@ -135,7 +158,8 @@ struct Sm90BlockReduceScale : detail::NoWorkspaceNoLoads {
       for (int v = 0; v < NumFragments; ++v) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < FragmentSize; ++i) {
-          float s = tStat(v * FragmentSize + i);
+          int const k = v * FragmentSize + i;
+          float s = Masked && !((mask_bits[k >> 5] >> (k & 31)) & 1u) ? 1.f : tStat(k);   // y * 1, y / 1: y
           visit_results(v)[i] = Divide ? __fdiv_rn(visit_results(v)[i], s) : visit_results(v)[i] * s;
         }
       }
