@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from epic import pipeline, sizes as sizes_mod
-from epic.checks import codegen_support
+from epic.codegen import refusals as codegen_refusals
 from epic.diagnostics import EpicError, error
 from epic.frontend import sources
 from epic.ir import dump
@@ -23,8 +23,8 @@ def cmd_check(args) -> int:
         gemms = sum(1 for k in p.kernels if k.kind == "gemm")
         print(f"{p.name}: ok ({gemms} gemm{'s' if gemms != 1 else ''}, {len(p.kernels)} kernel"
               f"{'s' if len(p.kernels) != 1 else ''} after rewrites)")
-        for w in codegen_support.refusals(p, analysis.source_program):   # warnings: the exit status stays 0
-            print(codegen_support.render_warning(w), file=sys.stderr)
+        for w in codegen_refusals.refusals(p, analysis.source_program):   # warnings: the exit status stays 0
+            print(codegen_refusals.render_warning(w), file=sys.stderr)
     return status
 
 

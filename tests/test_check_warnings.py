@@ -1,7 +1,7 @@
 """`epic check` warns about kernels that code generation will refuse (and still exits 0), naming the
 user's values and pointing at the user's text, never at names the rewrites made up."""
 from epic import pipeline
-from epic.checks import codegen_support
+from epic.codegen import refusals as codegen_support
 from epic_cli.main import main
 
 from .conftest import ROOT

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from ..codegen import combine, emit, evt
+from . import combine, emit, evt
 from ..deep import run_deep
 from ..diagnostics import Diagnostic, EpicError
 from ..plan import planner
