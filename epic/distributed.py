@@ -21,6 +21,20 @@ from .diagnostics import error
 from .runtime import binding
 
 
+def shard_columns(program, inputs: dict, column_inputs: tuple[str, ...], rank: int, n_local: int) -> dict:
+    """The inputs as rank `rank` sees them when it holds columns [rank * n_local, (rank + 1) * n_local)
+    of the gemm: each column input (global column indices, e.g. labels) shifted to the rank's own
+    columns; an index outside them matches no column of the rank."""
+    local = dict(inputs)
+    for name in column_inputs:
+        t = program.tensors.get(name)
+        if t is None or t.is_scalar or not isinstance(inputs.get(name), torch.Tensor):
+            raise error("E601", f"column input '{name}' is not a tensor input of this call", None,
+                        "name in column_inputs the inputs that hold global column indices (e.g. label)")
+        local[name] = inputs[name] - rank * n_local
+    return local
+
+
 def run_sharded(prog, *, group=None, column_inputs: tuple[str, ...] = (), **inputs) -> dict[str, torch.Tensor]:
     import torch.distributed as dist
     world, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -34,13 +48,10 @@ def run_sharded(prog, *, group=None, column_inputs: tuple[str, ...] = (), **inpu
     (gemm,) = gemms
     if len(gemm.n.names) != 1 or gemm.n.coef != 1:
         raise error("E607", f"run_sharded shards the gemm's columns {gemm.n}: it must be one dimension name")
-    local = dict(inputs)
     local_sizes = sizes_mod.bind_from_tensors(program, {k: tuple(v.shape) for k, v in inputs.items()
                                                         if isinstance(v, torch.Tensor) and v.dim() > 0})
     n_local = local_sizes[gemm.n.names[0]]
-    for name in column_inputs:
-        local[name] = inputs[name] - rank * n_local
-    out = prog(keep=True, **local)
+    out = prog(keep=True, **shard_columns(program, inputs, column_inputs, rank, n_local))
     bound = next(b for b in prog._bound.values() if b.plan.sizes == local_sizes)
     tile_n = bound.plan.configs[gemm.name].tile_n
     if n_local % tile_n:
@@ -57,8 +68,8 @@ def run_sharded(prog, *, group=None, column_inputs: tuple[str, ...] = (), **inpu
             buffers[b.name] = torch.cat(parts, dim=0)           # tiles of rank 0, then rank 1, ...
         else:
             buffers[b.name] = binding.allocate(b, bound.device, poison=False)
-    scalars = {t.name: float(inputs.get(t.name, t.default)) for t in prog.inputs if t.is_scalar}
-    stream = torch.cuda.current_stream(bound.device).cuda_stream
+    scalars = binding.scalar_values([t for t in prog.inputs if t.is_scalar], inputs)
+    stream = torch.cuda.current_stream(bound.device).cuda_stream if bound.device.type == "cuda" else 0
     for launch, kernel in zip(full.launches, program.kernels):
         if kernel.kind == "combine":
             launch.run(buffers, scalars, stream, bound.device)
