@@ -38,6 +38,31 @@ def check_complete(program: Program, sizes: dict[str, int]) -> None:
                                    "give every dimension, e.g. --shape " + ",".join(f"{d}=..." for d in program.dims)))
 
 
+# What the kernels can index. The gemm template passes M, N and K to CUTLASS as C++ ints; the combine
+# kernel runs one warp per row (or column) and computes that index as blockIdx.x * blockDim.x in 32
+# bits (256-thread blocks: 2^32 / 32 warps).
+GEMM_MAX = 2**31 - 1
+COMBINE_MAX = 2**27
+
+
+def check_indexable(program: Program, sizes: dict[str, int]) -> None:
+    """E607 for sizes a kernel of the program cannot index, before anything is planned or launched."""
+    for k in program.kernels:
+        if k.kind == "gemm":
+            dims, limit, why = (("M", k.rows), ("N", k.n), ("K", k.k)), GEMM_MAX, "indexes M, N and K as 32-bit ints"
+        else:
+            dims = (("rows", k.rows),) if k.axis == "row" else (("columns", k.n),)
+            limit, why = COMBINE_MAX, f"runs one warp per {dims[0][0][:-1]} with a 32-bit thread index"
+        for what, dim in dims:
+            n = evaluate(dim, sizes)
+            if n > limit:
+                label = what if str(dim) == what else f"{what} ({dim})"
+                raise error("E607", f"{k.kind} kernel '{k.name}': {label} = {n:,}, but the kernel {why} "
+                            f"(at most {limit:,})", k.span,
+                            "split the rows over several calls" if what in ("M", "rows") else
+                            f"split {what} over several gemms")
+
+
 def evaluate(dim: Dim, sizes: dict[str, int]) -> int:
     v = dim.evaluate(sizes)
     if v.denominator != 1:

@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 import epic
 from epic.diagnostics import EpicError
@@ -198,3 +199,51 @@ def test_a_hanging_version_probe_is_E705_saying_so(fake, monkeypatch):
         build.build_one(unit())
     assert info.value.codes == ["E705"] and "--version` did not answer in 0.5 s" in str(info.value)
     assert fake.calls == 0
+
+
+# ---------------------------------------------------------------- sizes the kernels cannot index
+RMSNORM = str(ROOT / "samples" / "residual_rmsnorm.epi")     # a gemm and a row combine kernel
+COL_STATS = str(ROOT / "tests" / "programs" / "col_stats.epi")  # a column combine kernel
+
+
+@pytest.mark.parametrize("shape", ["M=2147483648,N=256,K=256", "M=256,N=2147483648,K=256",
+                                   "M=256,N=256,K=2147483648", "M=4294967296,N=256,K=256"])
+def test_plan_refuses_gemm_sizes_past_32_bits(capsys, shape):
+    code, _, err = epic_cli(capsys, "plan", BIAS_GELU, "--shape", shape)
+    assert code == 2 and "E607" in err and "32-bit" in err and "Traceback" not in err
+
+
+def test_plan_takes_the_largest_sizes_the_kernels_index(capsys):
+    code, out, err = epic_cli(capsys, "plan", BIAS_GELU, "--shape", "M=2147483647,N=256,K=256")
+    assert code == 0, err
+    code, out, err = epic_cli(capsys, "plan", RMSNORM, "--shape", f"M={2**27},D=256")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("program, shape", [(RMSNORM, f"M={2**27 + 1},D=256"),
+                                            (COL_STATS, f"M=256,N={2**27 + 8},K=256")])
+def test_plan_refuses_rows_or_columns_past_the_combine_kernels_index(capsys, program, shape):
+    code, _, err = epic_cli(capsys, "plan", program, "--shape", shape)
+    assert code == 2 and "E607" in err and "combine kernel" in err and "134,217,728" in err
+
+
+def huge(rows: int, cols: int, dtype=torch.bfloat16, kmajor: bool = False) -> torch.Tensor:
+    """A tensor of that shape that allocates one row (stride 0 along the rows)."""
+    x = torch.empty(1, cols, dtype=dtype).expand(rows, cols)
+    return x.t() if kmajor else x
+
+
+def test_a_call_with_2_31_rows_is_E607_before_anything_launches():
+    prog = epic.compile(BIAS_GELU)
+    with pytest.raises(EpicError) as info:
+        prog(x=huge(2**31, 256), w=huge(256, 256, kmajor=True), bias=torch.empty(256, dtype=torch.bfloat16))
+    assert info.value.codes == ["E607"] and "M = 2,147,483,648" in str(info.value)
+
+
+def test_a_call_past_the_combine_kernels_rows_is_E607():
+    prog = epic.compile(RMSNORM)
+    d = 256
+    with pytest.raises(EpicError) as info:
+        prog(x=huge(2**27 + 8, d), wo=huge(d, d, kmajor=True), z=huge(2**27 + 8, d),
+             gamma=torch.empty(d, dtype=torch.bfloat16))
+    assert info.value.codes == ["E607"] and "combine kernel" in str(info.value)

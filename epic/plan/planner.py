@@ -82,6 +82,7 @@ def _nbytes(shape: tuple[int, ...], bits: int) -> int:
 
 
 def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict] | None = None) -> Plan:
+    sizes_mod.check_indexable(program, sizes)
     diags = layout.check_sizes(program, sizes)
     if diags:
         raise EpicError(diags)

@@ -34,6 +34,8 @@ def validate(program: Program, args: dict, cuda: bool = True) -> tuple[dict, dic
         tensors[name] = x
     sizes = sizes_mod.bind_from_tensors(program, {k: tuple(v.shape) for k, v in tensors.items()})
     sizes_mod.check_complete(program, sizes)
+    if cuda:                                     # epic's kernels will run: sizes they index, before the device check
+        sizes_mod.check_indexable(program, sizes)
     diags = layout.check_sizes(program, sizes)   # 16-byte rows (TMA), even widths, ...
     if diags:
         raise EpicError(diags)
