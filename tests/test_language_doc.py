@@ -23,7 +23,8 @@ def test_every_prelude_definition_is_in_the_prelude_table():
     table = _section("**Prelude**")
     documented = re.findall(r"^\| `(\w+)\(([^)]*)\)` \|", table, re.M)
     missing = [f"{n}({p})" for n, p in defs if (n, p) not in documented]
-    assert not missing, f"docs/LANGUAGE.md's prelude table lacks (or gives other parameters for) {missing}"
+    assert not missing, (f"docs/LANGUAGE.md's prelude table lacks (or gives other parameters for) {missing}: "
+                         "add a row `| `name(params)` | meaning |` for each")
     stale = [f"{n}({p})" for n, p in documented if (n, p) not in defs]
     assert not stale, f"docs/LANGUAGE.md's prelude table names definitions epic/prelude.epi lacks: {stale}"
 
