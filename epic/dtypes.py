@@ -49,7 +49,11 @@ I4 = DType("i4", 4, False, "uint8", None, None, 7, -8)
 # e2m1: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives (no inf or NaN). A cast rounds to nearest
 #   even and saturates to +-6; NaN becomes +6 (as __nv_cvt_float_to_fp4). Stored packed two per
 #   byte like i4 (low nibble = even column; code = sign << 3 | exponent << 1 | mantissa).
-E8M0 = DType("e8m0", 8, True, "float8_e8m0fnu", "cutlass::float_ue8m0_t", "__nv_fp8_e8m0", 2.0**127, 2.0**-127)
+# e8m0 has no CUTLASS element for tiles and vectors: CUTLASS 4.2's Sm90AuxLoad does not compile with
+# cutlass::float_ue8m0_t (so loads are E702), and tile stores write exponent bytes (codegen/nodes/
+# stores.py). Block values (MX scales) a block-scale node stores use E8M0_CUTLASS.
+E8M0 = DType("e8m0", 8, True, "float8_e8m0fnu", None, "__nv_fp8_e8m0", 2.0**127, 2.0**-127)
+E8M0_CUTLASS = "cutlass::float_ue8m0_t"
 E2M1 = DType("e2m1", 4, True, "uint8", None, None, 6.0, -6.0)
 BOOL = DType("bool", 8, False, "bool", "bool", "bool", None)
 

@@ -133,3 +133,17 @@ def test_e8m0_inputs_are_powers_of_two():
     s = torch.tensor([[1.0, 0.25, 2.0**-127, 2.0**127]]).to(torch.float8_e8m0fnu)
     feeds = {"x": torch.zeros(1, 4, dtype=torch.bfloat16), "w": torch.zeros(4, 4, dtype=torch.bfloat16), "s": s}
     assert reference.run(_program(text), feeds)["y"].tolist() == [[1.0, 0.25, 2.0**-127, 2.0**127]]
+
+
+def test_e8m0_loads_are_refused_by_code_generation_and_check_warns(tmp_path, capsys):
+    # CUTLASS's stock loads do not compile with float_ue8m0_t: E702 rather than a failed nvcc build
+    from epic_cli.main import main
+    text = "gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  in s: e8m0[M, N]\n  out y: f32 = acc * s\n}\n"
+    prog = pipeline.analyze(text, name="t.epi").program
+    with pytest.raises(EpicError) as info:
+        emit.units(prog, emit.kernel_configs(prog, 64))
+    assert info.value.codes == ["E702"] and "'s' (a e8m0 tile)" in str(info.value)
+    path = tmp_path / "load.epi"
+    path.write_text(text)
+    assert main(["check", str(path)]) == 0
+    assert "warning[E702]: gemm 'g' will not build: 's' (a e8m0 tile)" in capsys.readouterr().err

@@ -167,7 +167,8 @@ def _block_values_pointer(b, stores: list, note: str) -> tuple[str, str]:
         return "float", "nullptr"
     t = b.program.tensors[stores[0].tensor]
     p = b.pointer("block_scale", t.name, t.dtype, note)
-    return t.dtype.cutlass, f"static_cast<{t.dtype.cutlass}*>({p})"
+    el = dtypes.E8M0_CUTLASS if t.dtype is dtypes.E8M0 else t.dtype.cutlass   # e8m0: rounded up, as the reference
+    return el, f"static_cast<{el}*>({p})"
 
 
 def _pair_slots(b, block: int) -> str:

@@ -15,8 +15,7 @@ D_TYPES = (dtypes.BF16, dtypes.F16, dtypes.F32, dtypes.E4M3, dtypes.E5M2, dtypes
 
 def _tile_store(b, s) -> bool:
     t = b.program.tensors[s.tensor]
-    return (s.value.kind is Kind.TILE and s.value.shape.width == 1 and t.dtype.cutlass is not None
-            and t.dtype is not dtypes.E8M0)
+    return s.value.kind is Kind.TILE and s.value.shape.width == 1 and t.dtype.cutlass is not None
 
 
 def emit_d(impl, b, s, element: str, bits: int, pack=None, note: str = "") -> int:
