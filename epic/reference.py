@@ -120,6 +120,9 @@ class Interpreter:
                 self.store[t.name] = self.scalar(t, inputs.get(t.name))
             else:
                 self.store[t.name] = self.input(t, inputs.get(t.name))
+        for t in self.program.tensors.values():
+            if t.role == "derived":
+                self.store[t.name] = self.derived(t)
         for k in self.program.kernels:
             self.kernel = k
             self.m, self.n = sizes_mod.evaluate(k.rows, self.sizes), sizes_mod.evaluate(k.n, self.sizes)
@@ -158,6 +161,16 @@ class Interpreter:
     def input(self, t, x) -> torch.Tensor:
         """A tensor argument as the interpreter holds it (float64 on the CPU)."""
         return _tensor_input(t, x)
+
+    def derived(self, t) -> torch.Tensor:
+        """A tensor a pass derived from weights (role "derived"): the product of its row vectors (ones
+        when there are none) @ its matrix, as the runtime computes it before the kernels."""
+        vectors, matrix = t.derived
+        w = self.store[matrix]
+        v = torch.ones(w.shape[0], dtype=w.dtype, device=w.device)
+        for name in vectors:
+            v = v * self.store[name].reshape(-1)
+        return round_to(v @ w, t.dtype, self.exact)
 
     def matmul(self, k) -> torch.Tensor:
         """A gemm's exact product A @ B."""

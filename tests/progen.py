@@ -1,7 +1,7 @@
 """Hypothesis strategies that write random well-formed .epi programs (as text).
 
 A program is one gemm, or a chain of two where the first stores a tile scaled by a random
-per-row statistic (`tmp n`, bf16 or f16, or quantized to i8 or e4m3 as dynamic per-token quantization
+per-row statistic or LayerNorm (`tmp n`, bf16 or f16, or quantized to i8 or e4m3 as dynamic per-token quantization
 does) that the second takes as its A operand; the first may also store a tile quantized with a per-row
 statistic (i8, i4, e4m3, e5m2: finished by the row combine kernel, never deferred) and a tile
 scaled by a random 1x32 block statistic, through maps that may or may not be linear in it (the
@@ -78,7 +78,8 @@ def program(draw):
         scale = draw(row_stat())
         local = draw(tile_expr(2))
         form = draw(st.sampled_from(["({l}) * ({s})", "({s}) * ({l})", "({l}) / ({s})", "g * ({s}) * ({l})",
-                                     "rmsnorm({l}, g)", "-(({l}) * ({s}))", "(({l}) * ({s})) ** 2"]))
+                                     "rmsnorm({l}, g)", "-(({l}) * ({s}))", "(({l}) * ({s})) ** 2",
+                                     "layernorm({l}, g, g)", "layernorm({l}, g, 0.5)"]))
         dtype = draw(st.sampled_from(["bf16", "bf16", "f16", "i8", "e4m3"]))
         lines.append(f"  tmp n: {dtype} = {form.format(l=local, s=scale)}")
     lines.append("}")

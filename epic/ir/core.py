@@ -68,7 +68,7 @@ class Tensor:
     name: str
     dtype: DType
     dims: tuple[Dim, ...]
-    role: str                     # input | scalar | out | tmp | buffer (made by passes)
+    role: str                     # input | scalar | out | tmp | buffer, derived (made by passes)
     span: Span | None = None
     default: float | None = None  # scalars only
     producer: str | None = None   # kernel that stores it
@@ -76,6 +76,9 @@ class Tensor:
     block: int | None = None      # tensors of BLOCK values: the block size
     tiles_axis: str | None = None # per-tile partials: "n" -> [dims[0], tiles along N], "m" -> [tiles along M, dims[0]]
     components: int = 1           # per-tile partials of log-sum-exp hold (max, sum-exp) pairs
+    # role "derived" (made by passes, computed from weights before the kernels run): (vectors, matrix),
+    # the f32 row vector (product of the input row vectors; none: ones) @ matrix
+    derived: tuple[tuple[str, ...], str] | None = None
 
     @property
     def is_scalar(self) -> bool:

@@ -25,10 +25,12 @@ from ..dtypes import F32
 from ..ir import core
 from ..ir import primitives as P
 from ..ir.core import Store, Tensor, Value, topo_order
-from ..shapes import COL, Kind
+from ..shapes import COL, ROW, Kind
+from . import affine_terms as AT
 from .rewrite import make, product, rebuild
 
 SUFFIX = "__rowscale"    # internal names contain "__", which user names cannot
+SHIFT = "__rowshift"     # b_j of a deferred affine form (see affine_terms)
 
 
 class _NotLinear(Exception):
@@ -115,6 +117,13 @@ def run(program, trace=None):
             try:
                 new_value, scale = _split(v, dep)
             except _NotLinear as e:
+                affine = _affine(v, dep, e, s, tensors, consumers, k) if P.prim(e.culprit.op).algebra == "sum" \
+                    else None
+                if affine is not None:      # LayerNorm: a scaled tile plus scaled row vectors
+                    new_value, scale, shifts = affine
+                    replaced[s.tensor] = new_value
+                    extra += _defer_affine(s, k, scale, shifts, tensors, kernels, consumers)
+                    continue
                 r = _reduction_behind(e.culprit, dep)
                 notes = [(s.span, f"'{s.tensor}' is the A operand of gemm '{consumers[0].name}'")]
                 if r is not e.culprit and r.span and str(r.span) != str(e.culprit.span):
@@ -184,3 +193,125 @@ def _scale_accumulator(kernel, buffer: str):
             return make("mul", (v, load), like=v, name="acc")
         return None
     return rebuild(kernel, scale)
+
+
+# ---------------------------------------------------------------------------------- affine forms
+def _affine(v: Value, dep: dict, first: _NotLinear, s: Store, tensors: dict, consumers, k):
+    """v as a * T + sum_j (b_j + c_j) * R_j (epic/passes/affine_terms.py): (T, a or None, shifts), shifts
+    a list of (b_j value or None, c_j float, vectors of R_j); None when a non-product, non-sum op
+    carries the reduction (the caller reports the first refusal); E501 when the terms do not fit."""
+    inner, cast = v, None
+    if P.family(v.op) is P.Family.CAST and commutes_with_scale(v.dtype):
+        inner, cast = v.args[0], v
+    try:
+        terms = AT.expand(inner, dep)
+    except AT.NotAffine:
+        return None
+    tiles = [t for t in terms if AT.local_kind(t) is Kind.TILE]
+    groups: dict[tuple, list] = {}
+    for t in terms:
+        if AT.local_kind(t) is Kind.TILE:
+            continue
+        vectors, number = _vector_factors(t, tensors, dep, s, consumers, k)
+        groups.setdefault(vectors, []).append((t, number))
+    if len(tiles) != 1:
+        _refuse_affine(s, consumers, dep, k, inner, f"it is a sum of {len(tiles)} tile-shaped terms once the "
+                       "products are expanded; exactly one can be stored (the others would need the row "
+                       "statistic in this epilogue)")
+    tile = tiles[0]
+    value = product(tile.local, inner)
+    if tile.sign < 0:
+        value = make("neg", (value,), like=inner)
+    if cast is not None:
+        value = make("cast", (value,), {"to": cast.dtype}, like=cast)
+    if all(value is not f for f, _ in tile.local):
+        value.name = v.name
+    scale = product(tile.coef, inner) if tile.coef else None
+    shifts = []
+    for vectors, members in groups.items():
+        b, c = None, 0.0
+        for t, number in members:
+            if not t.coef:
+                c += t.sign * number
+                continue
+            f = product(t.coef + ([(core.const(number, F32, inner.span), 1)] if number != 1 else []), inner)
+            f = make("neg", (f,), like=inner) if t.sign < 0 else f
+            b = f if b is None else make("add", (b, f), like=inner)
+        if b is not None and b.kind is not Kind.COL:
+            _refuse_affine(s, consumers, dep, k, b, "its shift is not a per-row value")
+        shifts.append((b, c, vectors))
+    return value, scale, shifts
+
+
+def _vector_factors(t, tensors: dict, dep: dict, s: Store, consumers, k) -> tuple[tuple[str, ...], float]:
+    """A row term's tile-local factors as (input row vectors, a number): what R_j @ W is computed from."""
+    names, number = [], 1.0
+    for f, e in t.local:
+        if P.is_literal(f):
+            number *= float(f.attrs["value"]) ** e
+        elif P.prim(f.op).reads == "tensor" and f.kind is Kind.ROW and e == 1 and "period" not in f.attrs \
+                and tensors[f.attrs["tensor"]].role == "input":
+            names.append(f.attrs["tensor"])
+        else:
+            _refuse_affine(s, consumers, dep, k, f, "a term without the tile is scaled by it; such a term can "
+                           "move into the next gemm only as a product of input row vectors (gamma, beta) and "
+                           "numbers")
+    return tuple(sorted(names)), number
+
+
+def _refuse_affine(s: Store, consumers, dep: dict, k, culprit: Value, why: str):
+    r = dep.get(s.value.id)
+    raise EpicError(Diagnostic(
+        "E501", f"cannot move the row statistics of '{s.tensor}' into gemm '{consumers[0].name}': "
+        f"{_called(culprit)} " + (f"needs {describe_reduction(r, k)}, and " if r is not None else "") + why,
+        culprit.span or s.span,
+        "write it as r * T + b * gamma + beta (T a tile, r and b per-row statistics, gamma and beta input "
+        "row vectors), or store the statistics (out r: f32[M] = ...) and apply them after the next gemm",
+        [(s.span, f"'{s.tensor}' is the A operand of gemm '{consumers[0].name}'")]))
+
+
+def _defer_affine(s: Store, k, scale, shifts, tensors: dict, kernels: list, consumers) -> list[Store]:
+    """Buffers for a and each b_j (stored by the row combine kernel), a derived tensor R_j @ W per
+    consumer, and each consumer's accumulator rewritten to a * acc + sum_j (b_j + c_j) * (R_j @ W)."""
+    extra, scale_buf, shift_bufs = [], None, []
+    if scale is not None:
+        scale_buf = s.tensor + SUFFIX
+        tensors[scale_buf] = Tensor(scale_buf, F32, (k.rows,), "buffer", s.span, producer=k.name)
+        extra.append(Store(scale_buf, scale, s.span))
+    for j, (b, c, vectors) in enumerate(shifts):
+        buf = None
+        if b is not None:
+            buf = f"{s.tensor}{SHIFT}{j}"
+            tensors[buf] = Tensor(buf, F32, (k.rows,), "buffer", s.span, producer=k.name)
+            extra.append(Store(buf, b, s.span))
+        shift_bufs.append((buf, c, vectors))
+    for i, c in enumerate(kernels):
+        if c not in consumers:
+            continue
+        terms = []
+        for j, (buf, number, vectors) in enumerate(shift_bufs):
+            name = f"{s.tensor}__{c.name}__derived{j}"
+            tensors[name] = Tensor(name, F32, (c.n,), "derived", s.span, derived=(vectors, c.b))
+            terms.append((buf, number, name))
+        kernels[i] = _affine_accumulator(c, scale_buf, terms)
+    return extra
+
+
+def _affine_accumulator(kernel, scale_buf: str | None, terms: list):
+    def load(name, shape):
+        return core.make("load", (), {"tensor": name, "dtype": F32, "shape": shape}, kernel.span, name)
+
+    def rewrite(v, args):
+        if not P.is_accumulator(v.op):
+            return None
+        out = make("mul", (v, load(scale_buf, COL)), like=v) if scale_buf else v
+        for buf, number, name in terms:
+            d = load(name, ROW)
+            if buf is not None:
+                out = make("add", (out, make("mul", (load(buf, COL), d), like=v)), like=v)
+            if number != 0.0:
+                d = d if number == 1.0 else make("mul", (d, core.const(number, F32, kernel.span)), like=v)
+                out = make("add", (out, d), like=v)
+        out.name = "acc"
+        return out
+    return rebuild(kernel, rewrite)

@@ -167,6 +167,11 @@ def render(plan: Plan, source: Program) -> str:
             scaled = [v.attrs["tensor"] for v in k.values if _reads_tensor(v) and v.attrs["tensor"] == k.a + SUFFIX]
             if scaled:
                 out.append(f"       epilogue multiplies acc by {', '.join(scaled)}[row]")
+            derived = [v.attrs["tensor"] for v in k.values if _reads_tensor(v)
+                       and plan.program.tensors[v.attrs["tensor"]].role == "derived"]
+            if derived:
+                out.append(f"       epilogue adds {', '.join(d + '[col]' for d in derived)} (row vectors @ {k.b}, deferred), "
+                           "scaled by per-row shifts where they need a row statistic")
             out.append(f"       writes {', '.join(work) or 'nothing else'}"
                        + (f"; per-tile partials ({', '.join(parts)})" if parts else ""))
         else:

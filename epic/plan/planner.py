@@ -17,10 +17,13 @@ from ..shapes import Kind
 from . import config as config_mod
 
 
+DERIVED_WRITER = "the runtime, from weights"      # who writes a derived tensor (not a kernel)
+
+
 @dataclass
 class Buffer:
     name: str
-    role: str                   # input | scalar | out | tmp | buffer | partial
+    role: str                   # input | scalar | out | tmp | buffer | partial | derived
     dtype: dtypes.DType         # the element type of the program
     shape: tuple[int, ...]      # as allocated (per-tile partials and packed int4 differ from the math)
     torch_dtype: str            # torch dtype the caller passes or receives
@@ -69,6 +72,11 @@ def buffer_of(t: Tensor, sizes: dict[str, int], configs: dict) -> Buffer:
         shape = layouts.packed_int4_shape(*dims)
         return Buffer(t.name, t.role, t.dtype, shape, "uint8", _nbytes(shape, 8),
                       f"{t.dtype} packed two per byte, low nibble = even column", t.producer)
+    if t.role == "derived":
+        vectors, matrix = t.derived
+        return Buffer(t.name, t.role, t.dtype, dims, "float32", _nbytes(dims, 32),
+                      f"({' * '.join(vectors) or 'ones'}) @ {matrix}, computed once per weight tensor "
+                      "(again when one changes)", DERIVED_WRITER)
     kind = "row-major" if t.layout == "row" else "K-major (column-major [K, N])"
     return Buffer(t.name, t.role, t.dtype, dims, t.dtype.torch_name, _nbytes(dims, t.dtype.bits),
                   kind if dims else "scalar", t.producer)
@@ -91,6 +99,10 @@ def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict
                                          sizes_mod.evaluate(k.n, sizes))
                for k in program.kernels if k.kind == "gemm"}
     buffers = {t.name: buffer_of(t, sizes, configs) for t in program.tensors.values()}
+    for t in program.tensors.values():
+        if t.role == "derived":             # computed from weights before the kernels
+            for r in dict.fromkeys((*t.derived[0], t.derived[1])):
+                buffers[r].readers.append(t.name)
     steps = []
     for k in program.kernels:
         reads = [k.a, k.b] if k.kind == "gemm" else []

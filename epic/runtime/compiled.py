@@ -20,7 +20,7 @@ from ..diagnostics import EpicError, error
 from ..ir.core import Tensor
 from ..plan import planner
 from ..tuning import database
-from . import binding, build, custom_op, fastcall, graphs, loader
+from . import binding, build, custom_op, derived, fastcall, graphs, loader
 from .validate import check_dtype, signature, validate
 
 
@@ -121,6 +121,8 @@ class CompiledProgram:
         self._tensor_names = [t.name for t in self.program.inputs() if not t.is_scalar]
         self._fast = None                                # fastcall's Launcher, once a CUDA signature is bound
         self._fast_bound: dict[int, binding.Bound] = {}   # its plan ids -> bound plans
+        self._derived_specs = derived.specs(self.program)    # tensors computed from weights before the kernels
+        self._derived = derived.Cache()
 
     # ------------------------------------------------------------------ information
     @property
@@ -228,6 +230,8 @@ class CompiledProgram:
             return self.unfused(compiled=bound.compiled, **args)
         scalars = binding.scalar_values(self._scalar_inputs, args)
         buffers = dict(args)
+        if self._derived_specs:
+            buffers.update(self._derived.all(self._derived_specs, args))
         for b in bound.allocations:
             buffers[b.name] = binding.allocate(b, bound.device, poison)
         stream = _current_stream(bound.device)
@@ -241,6 +245,8 @@ class CompiledProgram:
         raise self._fast_bound[plan].launches[failed].library.launch_error(rc)
 
     def _register_fast(self, bound: binding.Bound, tensors: list[torch.Tensor]) -> None:
+        if self._derived_specs:
+            return          # the compiled launcher does not compute derived tensors: the Python path runs these
         with self._lock:
             if self._fast is None:
                 self._fast = fastcall.launcher(self._tensor_names, self._scalar_inputs)

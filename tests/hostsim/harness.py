@@ -30,7 +30,7 @@ import epic
 from epic import dtypes, reference
 from epic.codegen import emit
 from epic.plan import planner
-from epic.runtime import binding
+from epic.runtime import binding, derived
 
 from .. import gpu_cases
 from . import abi, compiler
@@ -139,6 +139,8 @@ def run(case: Case, inputs: dict, fill: int | None = None) -> dict[str, torch.Te
     program = case.program
     buffers = {t.name: _host_tensor(t, inputs[t.name]) for t in program.inputs() if not t.is_scalar}
     scalars = binding.scalar_values([t for t in program.inputs() if t.is_scalar], inputs)   # the runtime's own
+    for name, vectors, matrix in derived.specs(program):      # computed from weights, as a call does
+        buffers[name] = derived.compute([buffers[v] for v in vectors], buffers[matrix])
     for b in bound.allocations:
         buffers[b.name] = binding.allocate(b, "cpu", poison=True)
         if fill is not None:
