@@ -2,12 +2,17 @@
 fail (each next to a control: the same case without the bug passes).
 
 Bugs are planted by monkeypatching epic or by editing a rendered source before the harness parses
-it; nothing on disk changes. All variants are generated first and compiled together (one g++ run
-per core), then each test runs its own.
+it; nothing in the repository changes. All variants are generated first and compiled together (one
+g++ run per core), then each test runs its own. A bug in the custom nodes' own arithmetic (arith_bug)
+is planted in a copy of their headers, which code generation prints and the host compiles: those
+variants are compiled under their own patch.
 """
 import dataclasses
 import re
+import shutil
+import tempfile
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +21,7 @@ from epic.ir import primitives as P
 
 from . import hostsim
 from .conftest import ROOT
-from .hostsim import harness
+from .hostsim import compiler, harness
 
 SEED = 20251130
 
@@ -83,6 +88,26 @@ def max_identity_zero():
         yield
 
 
+ARITH = "epic_nodes/arith.hpp"
+
+
+def arith_bug(old: str, new: str):
+    """A wrong line in the custom nodes' arithmetic (templates/nodes/epic_nodes/arith.hpp), in a copy of
+    the node headers that code generation reads and the host simulator compiles."""
+    @contextmanager
+    def planted():
+        text = (compiler.NODES / ARITH).read_text()
+        assert text.count(old) == 1, f"{old!r} is not in {ARITH}: update the planted bug"
+        with tempfile.TemporaryDirectory() as d, pytest.MonkeyPatch.context() as mp:
+            nodes = Path(d)
+            shutil.copytree(compiler.NODES / "epic_nodes", nodes / "epic_nodes")
+            (nodes / ARITH).write_text(text.replace(old, new))
+            mp.setattr(compiler, "NODES", nodes)
+            mp.setattr(emit, "_header_file", lambda name: (nodes / name).read_text())
+            yield
+    return planted
+
+
 def swap_operands(source: str) -> str:
     """The gemm template passes B's pointer as A and A's as B."""
     if "ElementA const*>(p[0])" not in source:
@@ -130,7 +155,17 @@ PLANTED = {
                           None, r"g__rmax_part0 \(f32\)"),
     "fold_skips_last_tile": ("samples/residual_rmsnorm.epi", dict(M=77, D=392), 64, no_bug, fold_skips_last_tile,
                              r"r \(f32\): \d+ of 77 elements off"),
+    # the nodes' own arithmetic: online log-sum-exp, block quantization, block statistic scaling
+    "lse_rescale_inverted": ("samples/cross_entropy.epi", dict(M=77, D=200, V=392), 64,
+                             arith_bug("__expf(old_max - new_max)", "__expf(new_max - old_max)"), None,
+                             r"lm_head__lse_part0 \(f32\): \d+ of"),
+    "block_amax_signed": ("samples/fp8_block_quant.epi", dict(M=77, D=256, N=512), 64,
+                          arith_bug("valid ? fabsf(x) : 0.f", "valid ? x : 0.f"), None, r"q_scale \(f32\): \d+ of"),
+    "block_statistic_divides": ("samples/qk_norm_rope.epi", dict(M=77, D=200, H=2, Dh=128), 64,
+                                arith_bug("return Divide ? __fdiv_rn(y, s) : y * s;",
+                                          "return Divide ? y * s : __fdiv_rn(y, s);"), None, r"q \(bf16\): \d+ of"),
 }
+ARITH_BUGS = {"lse_rescale_inverted", "block_amax_signed", "block_statistic_divides"}
 OPTIONS = {"fold_skips_last_tile": {"combine": "fold"}}    # configuration changes of a case
 
 
@@ -159,6 +194,8 @@ def cases():
         control = harness.prepare(path, sizes, config_m, OPTIONS.get(name))
         with patch():
             buggy = harness.prepare(path, sizes, config_m, OPTIONS.get(name))
+            if name in ARITH_BUGS:      # compiled against the planted header, not the repository's
+                hostsim.compiler.prebuild(buggy.sources)
         if edit is not None:
             buggy = buggy.with_sources(edit)
         assert buggy.sources != control.sources, f"{name}: planting the bug changed no generated source"
@@ -183,3 +220,13 @@ def test_node_without_emulation_fails_loudly(cases):
     renamed = control.with_sources(rename_node_type)
     with pytest.raises(hostsim.NoHostEmulation, match="no host emulation for node type Sm90FancyBroadcast"):
         harness.check(renamed, SEED)
+
+
+def test_a_source_printing_other_node_arithmetic_is_refused(cases):
+    """The host runs arith.hpp as the repository has it: a source that prints something else (edited
+    after generation) cannot be simulated with it, and says so."""
+    _, control = cases["lse_rescale_inverted"]
+    edited = control.with_sources(lambda s: s.replace("__expf(x - max)", "__expf(max - x)"))
+    assert edited.sources != control.sources
+    with pytest.raises(AssertionError, match="custom node arithmetic is not epic_nodes/arith.hpp"):
+        harness.check(edited, SEED)

@@ -20,11 +20,14 @@ import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from .translate import translate
 
 HERE = Path(__file__).resolve().parent
+# the custom nodes' headers, where code generation reads them: hostsim.hpp includes their arithmetic
+NODES = Path(str(resources.files("epic.templates").joinpath("nodes")))
 FLAGS = ["-std=c++17", "-O1", "-w", "-shared", "-fPIC", "-fvisibility=hidden", "-fno-fast-math"]
 
 
@@ -155,15 +158,15 @@ def _unit_text(translations: list[tuple[str, str]]) -> str:
 
 def _compile(text: str) -> Path:
     tc = toolchain()
-    header = (HERE / "hostsim.hpp").read_text()
-    h = key(text + header + " ".join(FLAGS))
+    headers = "".join(p.read_text() for p in (HERE / "hostsim.hpp", NODES / "epic_nodes" / "arith.hpp"))
+    h = key(text + headers + " ".join(FLAGS))
     lib = cache_dir() / f"hostsim_{h}.so"
     if lib.exists():
         return lib
     cpp = cache_dir() / f"hostsim_{h}.cpp"
     cpp.write_text(text)
     tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [tc.gxx, *FLAGS, *[f"-I{i}" for i in tc.includes], str(cpp), "-o", str(tmp)]
+    cmd = [tc.gxx, *FLAGS, f"-I{NODES}", *[f"-I{i}" for i in tc.includes], str(cpp), "-o", str(tmp)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         errors = "\n".join(line for line in r.stderr.splitlines() if "error" in line)[:6000]

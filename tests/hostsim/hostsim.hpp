@@ -50,6 +50,14 @@ inline uint32_t float_as_uint_(float x) { uint32_t u; std::memcpy(&u, &x, 4); re
 inline float uint_as_float_(uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; }
 inline int float_as_int_(float x) { int u; std::memcpy(&u, &x, 4); return u; }
 inline float int_as_float_(int u) { float x; std::memcpy(&x, &u, 4); return x; }
+inline float fdiv_rn_(float x, float y) { return x / y; }      // IEEE division, as on the device
+// __float2int_rn: round half to even, saturating; NaN -> INT_MIN (as the device instruction does)
+inline int float2int_rn_(float x) {
+  if (x != x) return std::numeric_limits<int>::min();
+  if (x >= 2147483648.0f) return std::numeric_limits<int>::max();
+  if (x < -2147483648.0f) return std::numeric_limits<int>::min();
+  return int(std::nearbyint(x));
+}
 }  // namespace hostsim_math
 #define __expf hostsim_math::expf_
 #define __logf hostsim_math::logf_
@@ -67,12 +75,19 @@ inline float int_as_float_(int u) { float x; std::memcpy(&x, &u, 4); return x; }
 #define __uint_as_float hostsim_math::uint_as_float_
 #define __float_as_int hostsim_math::float_as_int_
 #define __int_as_float hostsim_math::int_as_float_
+#define __fdiv_rn hostsim_math::fdiv_rn_
+#define __float2int_rn hostsim_math::float2int_rn_
 #define __shfl_sync(mask, ...) hostsim::shfl(__VA_ARGS__)
 #define __shfl_xor_sync(mask, ...) hostsim::shfl_xor(__VA_ARGS__)
 #define __shfl_down_sync(mask, ...) hostsim::shfl_down(__VA_ARGS__)
 #define __shfl_up_sync(mask, ...) hostsim::shfl_up(__VA_ARGS__)
 #define __syncwarp(...) ((void)0)
 #define __ldcg(p) (*(p))
+
+// The custom nodes' own arithmetic (templates/nodes/epic_nodes/arith.hpp), which the emulations of
+// those nodes below call: the very lines the GPU runs, built for the host with the shims above.
+#include "epic_nodes/arith.hpp"
+namespace arith = epic_nodes::detail;
 
 namespace hostsim {
 
@@ -496,14 +511,6 @@ using RowReduction = TileReduction<ReduceFn, ElementCompute, false>;
 // ------------------------------------------------------------------------------------------------
 // epic's custom nodes (templates/nodes/epic_nodes/*.hpp; semantics as their headers document them).
 
-// __float2int_rn: round half to even, saturating; NaN -> INT_MIN (as the device instruction does)
-inline int float2int_rn(float x) {
-  if (x != x) return std::numeric_limits<int>::min();
-  if (x >= 2147483648.0f) return std::numeric_limits<int>::max();
-  if (x < -2147483648.0f) return std::numeric_limits<int>::min();
-  return int(std::nearbyint(x));
-}
-
 // epic_nodes::Sm90Coordinate<Axis>: each element's row (0) or column (1) index, as float; elements
 // outside the problem get their would-be index.
 template <int Axis>
@@ -536,30 +543,40 @@ struct PeriodicRowBroadcast : Node {
 
 // epic_nodes::Sm90RowLsePartial<TileShape>: per row and column tile, the online log-sum-exp pair
 // (max, sum exp(x - max)) of the tile's valid columns, at ptr[2 * (n_tile * Mpad + m) + {0, 1}];
-// rows past M (and rows whose valid x are all -inf) get (-inf, 0).
+// rows past M (and rows whose valid x are all -inf) get (-inf, 0). Computed as the node does, with its
+// own arithmetic (arith::lse_*): each of the 4 lanes that share a row (column pairs 2l, 2l + 1 of every
+// 8 columns) keeps a max and two sums (even, odd columns) per row, folding a fragment's elements of the
+// row in at once (new max, one rescale, the terms); at the tile's end the lanes merge by an XOR butterfly.
 template <class TileShape>
 struct RowLsePartial : Node {
+  static constexpr int kLanes = 4;
   struct Arguments {
     float* ptr = nullptr;
   };
   Arguments args;
-  std::vector<float> mx, se;    // per row of the tile
-  int first = 0;
+  std::vector<float> mx, s0, s1;    // per (row of the tile, lane)
+  Tile tile{};
   RowLsePartial(Arguments const& a, Problem p) : Node{p}, args(a) {}
   void begin(Tile const& t) {
-    mx.assign(t.tile_m, -INFINITY);
-    se.assign(t.tile_m, 0.0f);
-    first = t.m0;
+    mx.assign(size_t(t.tile_m) * kLanes, -INFINITY);
+    s0.assign(mx.size(), 0.0f);
+    s1.assign(mx.size(), 0.0f);
+    tile = t;
   }
   template <class T>
   Frag<T> visit(Fragment const& f, Frag<T> const& in) {
-    for (int i = 0; i < kFrag; ++i) {
-      float x = convert<float>(float(in[i]));
-      if (!f.inside[i] || x == -INFINITY) continue;   // masked elements add nothing
-      int r = f.m[i] - first;
-      float m = std::fmax(mx[r], x);
-      se[r] = (mx[r] == m ? se[r] : se[r] * __expf(mx[r] - m)) + __expf(x - m);
-      mx[r] = m;
+    float x[kFrag];
+    for (int i = 0; i < kFrag; ++i)      // masked (ragged) elements become -inf
+      x[i] = f.inside[i] ? convert<float>(float(in[i])) : -INFINITY;
+    for (int i = 0; i < kFrag; i += 2) {  // elements i (even column), i + 1 (odd column): one row
+      const size_t k = size_t(f.m[i] - tile.m0) * kLanes + size_t((f.n[i] - tile.n0) / 2 % kLanes);
+      const float old = mx[k];
+      mx[k] = fmaxf(fmaxf(mx[k], x[i]), x[i + 1]);
+      const float c = arith::lse_rescale(old, mx[k]);
+      s0[k] *= c;
+      s1[k] *= c;
+      s0[k] += arith::lse_term(x[i], mx[k]);
+      s1[k] += arith::lse_term(x[i + 1], mx[k]);
     }
     return in;
   }
@@ -567,9 +584,20 @@ struct RowLsePartial : Node {
     if (args.ptr == nullptr) return;
     size_t mpad = size_t(ceil_div(problem.M, t.tile_m)) * t.tile_m;
     for (int r = 0; r < t.tile_m; ++r) {
+      float m[kLanes], s[kLanes];
+      for (int l = 0; l < kLanes; ++l) {
+        m[l] = mx[size_t(r) * kLanes + l];
+        s[l] = s0[size_t(r) * kLanes + l] + s1[size_t(r) * kLanes + l];
+      }
+      for (int mask = 1; mask < kLanes; mask *= 2) {
+        float m2[kLanes], s2[kLanes];
+        std::copy(m, m + kLanes, m2);
+        std::copy(s, s + kLanes, s2);
+        for (int l = 0; l < kLanes; ++l) arith::lse_merge(m[l], s[l], m2[l ^ mask], s2[l ^ mask]);
+      }
       size_t at = 2 * (t.n_index * mpad + t.m0 + r);
-      args.ptr[at] = mx[r];
-      args.ptr[at + 1] = mx[r] == -INFINITY ? 0.0f : se[r];
+      args.ptr[at] = m[0];
+      args.ptr[at + 1] = s[0];
     }
   }
 };
@@ -620,21 +648,12 @@ struct PackedInt4Store : Node {
     if (args.ptr == nullptr) return in;
     for (int i = 0; i + 1 < kFrag; i += 2) {
       if (!f.inside[i]) continue;
-      uint32_t lo = uint32_t(float2int_rn(float(in[i]))) & 0xfu;
-      uint32_t hi = uint32_t(float2int_rn(float(in[i + 1]))) & 0xfu;
-      args.ptr[size_t(f.m[i]) * (problem.N / 2) + f.n[i] / 2] = uint8_t(lo | (hi << 4));
+      args.ptr[size_t(f.m[i]) * (problem.N / 2) + f.n[i] / 2] = arith::pack_int4(float(in[i]), float(in[i + 1]));
     }
     return in;
   }
 };
 
-// smallest power of two >= s (s positive and finite; anything else unchanged)
-inline float pow2_ceil(float s) {
-  if (!(s > 0.0f) || std::isinf(s)) return s;
-  int e = 0;
-  float f = std::frexp(s, &e);     // s = f * 2^e, f in [0.5, 1)
-  return f == 0.5f ? s : std::ldexp(1.0f, e);
-}
 
 // epic_nodes::Sm90BlockScale<Block, ElementScale, Pow2, ScaleLayout, Output>: the root, quantizing its
 // child x in 1 x Block row segments: s = max(amax of |x| over the segment's valid elements, floor) /
@@ -690,11 +709,10 @@ struct BlockScale : Node {
     auto slot = [&](Fragment const& f, int i) { return size_t(f.m[i] - t.m0) * segments + (f.n[i] - t.n0) / Block; };
     for (size_t v = 0; v < frags.size(); ++v)
       for (int i = 0; i < kFrag; ++i)
-        if (frags[v].inside[i]) amax[slot(frags[v], i)] = std::fmax(amax[slot(frags[v], i)], std::fabs(results[v][i]));
+        amax[slot(frags[v], i)] = arith::amax_fold(amax[slot(frags[v], i)], results[v][i], frags[v].inside[i]);
     if (t.tile_n < Block) halves.exchange<Block>(t, problem, amax, 0.f, [](float a, float b) { return std::fmax(a, b); });
     for (size_t k = 0; k < amax.size(); ++k) {
-      float s = std::fmax(amax[k], args.floor) / args.qmax;
-      scale[k] = Pow2 ? pow2_ceil(s) : s;
+      scale[k] = arith::block_scale_of<Pow2>(amax[k], args.floor, args.qmax);
       int m = t.m0 + int(k) / segments, g = t.n0 / Block + int(k) % segments;
       if (args.ptr_scale != nullptr && m < problem.M && g * Block < problem.N && t.n0 % Block == 0) {
         size_t segs_n = size_t(ceil_div(problem.N, Block)), m_pad4 = size_t(ceil_div(problem.M, 4)) * 4;
@@ -705,14 +723,10 @@ struct BlockScale : Node {
     float lo = Output == 1 ? -8.f : -args.qmax, hi = Output == 1 ? 7.f : args.qmax;
     for (size_t v = 0; v < frags.size(); ++v)
       for (int i = 0; i < kFrag; ++i) {
-        float q = results[v][i] / scale[slot(frags[v], i)];
-        if (q != q) {
-          q = integer ? 0.f : q;
-        } else {
-          q = std::fmin(std::fmax(q, lo), hi);
-          q = integer ? std::nearbyint(q) : q;
-        }
-        results[v][i] = q;
+        const float s = scale[slot(frags[v], i)];   // by slot: the GPU decides per thread, alike where it matters
+        results[v][i] = arith::use_reciprocal<Pow2, integer>(s)
+                            ? arith::quantize_rcp(results[v][i], arith::reciprocal(s), lo, hi, integer)
+                            : arith::quantize_div(results[v][i], s, lo, hi, integer);
       }
     if constexpr (Output == 1) {
       PackedInt4Store pack(typename PackedInt4Store::Arguments{args.ptr_q}, problem);
@@ -785,7 +799,7 @@ struct BlockReduceScale : Node {
       for (int i = 0; i < kFrag; ++i) {
         bool on = scaled[size_t(frags[v].m[i] - t.m0) * t.tile_n + (frags[v].n[i] - t.n0)];
         float s = on ? scale[slot(frags[v].m[i], frags[v].n[i])] : 1.0f;    // y * 1, y / 1: y
-        results[v][i] = Divide ? results[v][i] / s : results[v][i] * s;
+        results[v][i] = arith::apply_scale<Divide>(results[v][i], s);
       }
   }
 };

@@ -4,8 +4,8 @@ An entry says which host type (tests/hostsim/hostsim.hpp) emulates the node, giv
 arguments, and which launch pointer role each pointer field of its initializer must name (the ABI
 check, abi.py). A node type without an entry, or with template arguments its emulation does not
 cover, fails loudly (NoHostEmulation). Adding a node kind means: a host struct in hostsim.hpp that
-mirrors its Arguments and implements the hooks it needs (begin, visit, reduce, end), and an entry
-here.
+mirrors its Arguments and implements the hooks it needs (begin, visit, reduce, end), calling the
+node's own arithmetic (epic_nodes/arith.hpp) rather than a copy of it, and an entry here.
 """
 from __future__ import annotations
 

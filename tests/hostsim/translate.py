@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+from epic.codegen import emit
+
 from .nodes import emulation
 from .parse import GemmSource, SourceFormatError, parse_combine, parse_gemm, kind
 
@@ -28,7 +30,21 @@ def translate(source: str, namespace: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ gemm
+ARITH = "epic_nodes/arith.hpp"
+
+
+def arithmetic_problem(text: str) -> str | None:
+    """Why the host cannot stand for this source's custom nodes: their emulations run the arithmetic of
+    templates/nodes/epic_nodes/arith.hpp, so the source must print exactly that (None: it does)."""
+    if "namespace epic_nodes" not in text or emit.node_headers([ARITH])[0] in text:
+        return None
+    return (f"the source's custom node arithmetic is not {ARITH} as code generation prints it, which the host "
+            "emulations run")
+
+
 def gemm(src: GemmSource, namespace: str) -> str:
+    if (why := arithmetic_problem(src.text)) is not None:
+        raise SourceFormatError(why)
     for role, layout in LAYOUTS.items():
         if src.layouts[role] != layout:
             raise SourceFormatError(f"Layout{role} is {src.layouts[role]}; the host simulator emulates {layout}")

@@ -160,7 +160,7 @@ struct Sm90BlockReduceScale : detail::NoWorkspaceNoLoads {
         for (int i = 0; i < FragmentSize; ++i) {
           int const k = v * FragmentSize + i;
           float s = Masked && !((mask_bits[k >> 5] >> (k & 31)) & 1u) ? 1.f : tStat(k);   // y * 1, y / 1: y
-          visit_results(v)[i] = Divide ? __fdiv_rn(visit_results(v)[i], s) : visit_results(v)[i] * s;
+          visit_results(v)[i] = detail::apply_scale<Divide>(visit_results(v)[i], s);
         }
       }
 

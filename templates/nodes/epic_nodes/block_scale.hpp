@@ -105,16 +105,6 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
       return convert(frg_input);
     }
 
-    // clamp to [lo, hi]; integers round half to even and take NaN to 0, floats keep NaN. Written as
-    // selects: an early return for NaN may compile to a branch per element.
-    CUTLASS_DEVICE static float saturate(float q, float lo, float hi, bool integer) {
-      float c = fminf(fmaxf(q, lo), hi);     // NaN -> lo (fmaxf returns the number)
-      if (integer) {
-        c = rintf(c);
-      }
-      return q != q ? (integer ? 0.f : q) : c;
-    }
-
     template <class STensor, class SyncFn, class VTensor>
     CUTLASS_DEVICE void
     reduce(STensor&&, SyncFn const&, int epi_m, int epi_n, bool, VTensor visit_results) {
@@ -150,8 +140,7 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < FragmentSize; ++i) {
           int k = v * FragmentSize + i;
-          float a = elem_less(tCcD_mn(k), residue_tCcD) ? fabsf(visit_results(v)[i]) : 0.f;
-          tAmax(k) = fmaxf(tAmax(k), a);
+          tAmax(k) = detail::amax_fold(tAmax(k), visit_results(v)[i], elem_less(tCcD_mn(k), residue_tCcD));
         }
       }
 
@@ -169,16 +158,13 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
       // A multiplication by 1/s instead of a division: bit-exact for power-of-two scales; for fp8
       // outputs the product is within 1.5 ulp of f32 (24 bits) of x / s, far finer than fp8's 3 or 2
       // mantissa bits (it changes a value only at an fp8 rounding tie). Integer outputs divide.
-      bool exact_reciprocal = Pow2 || !IntegerOut;
+      bool exact_reciprocal = true;
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < Slots; ++s) {
-        float sc = __fdiv_rn(fmaxf(fAmax(s), params.floor), params.qmax);
-        if constexpr (Pow2) {
-          sc = detail::pow2_ceil(sc);
-        }
+        float sc = detail::block_scale_of<Pow2>(fAmax(s), params.floor, params.qmax);
         stored[s] = cutlass::NumericConverter<ElementScale, float>{}(sc);
         fScale(s) = sc;
-        exact_reciprocal = exact_reciprocal && (!Pow2 || (sc >= 0x1p-126f && sc <= 0x1p126f));
+        exact_reciprocal = exact_reciprocal && detail::use_reciprocal<Pow2, IntegerOut>(sc);
       }
 
       // 4. rewrite the fragments: q = x / scale, clamp (and round for integer outputs)
@@ -189,13 +175,13 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
         Tensor fRcp = filter(tRcp);
         CUTLASS_PRAGMA_UNROLL
         for (int s = 0; s < Slots; ++s) {
-          fRcp(s) = 1.f / fScale(s);
+          fRcp(s) = detail::reciprocal(fScale(s));
         }
         CUTLASS_PRAGMA_UNROLL
         for (int v = 0; v < NumFragments; ++v) {
           CUTLASS_PRAGMA_UNROLL
           for (int i = 0; i < FragmentSize; ++i) {
-            visit_results(v)[i] = saturate(visit_results(v)[i] * tRcp(v * FragmentSize + i), lo, hi, IntegerOut);
+            visit_results(v)[i] = detail::quantize_rcp(visit_results(v)[i], tRcp(v * FragmentSize + i), lo, hi, IntegerOut);
           }
         }
       } else {
@@ -203,8 +189,8 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
         for (int v = 0; v < NumFragments; ++v) {
           CUTLASS_PRAGMA_UNROLL
           for (int i = 0; i < FragmentSize; ++i) {
-            visit_results(v)[i] = saturate(__fdiv_rn(visit_results(v)[i], tScale(v * FragmentSize + i)), lo, hi,
-                                           IntegerOut);
+            visit_results(v)[i] = detail::quantize_div(visit_results(v)[i], tScale(v * FragmentSize + i), lo, hi,
+                                                       IntegerOut);
           }
         }
       }
@@ -233,9 +219,8 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
             for (int j = 0; j < FragmentSize / 2; ++j) {
               auto c = tCcD_mn(v * FragmentSize + 2 * j);  // even column of the pair
               if (elem_less(c, residue_tCcD)) {
-                uint32_t b0 = uint32_t(__float2int_rn(visit_results(v)[2 * j])) & 0xfu;
-                uint32_t b1 = uint32_t(__float2int_rn(visit_results(v)[2 * j + 1])) & 0xfu;
-                ptr_thread[int64_t(get<0>(c)) * pitch + (int(get<1>(c)) >> 1)] = uint8_t(b0 | (b1 << 4));
+                ptr_thread[int64_t(get<0>(c)) * pitch + (int(get<1>(c)) >> 1)] =
+                    detail::pack_int4(visit_results(v)[2 * j], visit_results(v)[2 * j + 1]);
               }
             }
           }

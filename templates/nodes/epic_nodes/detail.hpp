@@ -26,6 +26,8 @@
 #include "cutlass/numeric_conversion.h"
 #include "cute/tensor.hpp"
 #include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
+// the nodes' scalar arithmetic (lse_merge, pow2_ceil, ...)
+#include "epic_nodes/arith.hpp"
 
 namespace epic_nodes {
 namespace detail {
@@ -249,42 +251,6 @@ exchange_halves(Segs const& seg, FSeg const& fSeg, FStat&& fStat, uint64_t* slot
     }
   }
   merge_row_lanes(seg.lane_layout, fStat, merge);
-}
-
-// Online log-sum-exp merge of (m1, s1) and (m2, s2): m = max, s = s1*exp(m1-m) + s2*exp(m2-m).
-// A side whose max equals the merged max keeps its sum unscaled, so -inf with -inf gives (-inf, 0)
-// (no -inf - -inf). Symmetric bit for bit: merge(a, b) == merge(b, a).
-CUTLASS_DEVICE void
-lse_merge(float& m1, float& s1, float m2, float s2) {
-  float m = fmaxf(m1, m2);
-  float a = (m1 == m) ? s1 : s1 * __expf(m1 - m);
-  float b = (m2 == m) ? s2 : s2 * __expf(m2 - m);
-  m1 = m;
-  s1 = a + b;
-}
-
-// Smallest power of two >= s, exactly (bit manipulation, no log2f/exp2f rounding): what
-// exp2f(ceilf(log2f(s))) means mathematically. 0, negative, inf and NaN pass through.
-CUTLASS_HOST_DEVICE float
-pow2_ceil(float s) {
-  uint32_t bits;
-  memcpy(&bits, &s, 4);
-  uint32_t e = (bits >> 23) & 0xffu;
-  uint32_t mant = bits & 0x7fffffu;
-  if ((bits >> 31) || e == 0xffu || bits == 0) {
-    return s;
-  }
-  if (e == 0) {  // subnormal: 2^ceil(log2(mant)) * 2^-149
-    int p = 0;
-    while ((1u << p) < mant) { ++p; }
-    int exp2 = p - 149;
-    if (exp2 >= -126) { bits = uint32_t(exp2 + 127) << 23; }
-    else              { bits = 1u << p; }
-  } else if (mant != 0) {
-    bits = (e + 1) << 23;  // e == 0xfe rounds up to +inf
-  }
-  memcpy(&s, &bits, 4);
-  return s;
 }
 
 // The host-side and producer-side members every epic node has alike: no workspace, nothing loaded

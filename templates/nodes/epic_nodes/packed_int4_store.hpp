@@ -73,9 +73,7 @@ struct Sm90PackedInt4Store : detail::NoWorkspaceNoLoads {
       for (int j = 0; j < FragmentSize / 2; ++j) {
         auto c = tCcD_mn(epi_v * FragmentSize + 2 * j);   // the even column of the pair
         if (elem_less(c, residue_tCcD)) {
-          uint32_t lo = uint32_t(__float2int_rn(q[2 * j])) & 0xfu;
-          uint32_t hi = uint32_t(__float2int_rn(q[2 * j + 1])) & 0xfu;
-          ptr_thread[int64_t(get<0>(c)) * pitch + (int(get<1>(c)) >> 1)] = uint8_t(lo | (hi << 4));
+          ptr_thread[int64_t(get<0>(c)) * pitch + (int(get<1>(c)) >> 1)] = detail::pack_int4(q[2 * j], q[2 * j + 1]);
         }
       }
       return frg_input;

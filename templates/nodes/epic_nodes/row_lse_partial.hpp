@@ -14,7 +14,8 @@
 // detail.hpp), folds each fragment in with a fixed order, and the lanes that share a row merge with an
 // XOR butterfly (bit-identical on all of them) once, after the last subtile. No shared memory, no
 // atomics, no barrier. Sums are split into two interleaved accumulators (even / odd fragment elements)
-// to halve the serial fp32 addition chain. exp is __expf.
+// to halve the serial fp32 addition chain. exp is __expf. The arithmetic is detail::lse_* (arith.hpp),
+// which the host simulator runs too.
 #pragma once
 
 #include "epic_nodes/detail.hpp"
@@ -118,8 +119,7 @@ struct Sm90RowLsePartial : detail::NoWorkspaceNoLoads {
       // 2. rescale the running sums once per row (factor 1 when the max did not move)
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < Slots; ++s) {
-        float m = fMax(s);
-        float c = (old_max[s] == m) ? 1.f : __expf(old_max[s] - m);
+        float c = detail::lse_rescale(old_max[s], fMax(s));
         fSum0(s) *= c;
         fSum1(s) *= c;
       }
@@ -127,7 +127,7 @@ struct Sm90RowLsePartial : detail::NoWorkspaceNoLoads {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; ++i) {
         int k = epi_v * FragmentSize + i;
-        float e = (x[i] == -INFINITY) ? 0.f : __expf(x[i] - tMax_mn(k));
+        float e = detail::lse_term(x[i], tMax_mn(k));
         if (i % 2 == 0) { tSum0_mn(k) += e; }
         else            { tSum1_mn(k) += e; }
       }
