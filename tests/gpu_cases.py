@@ -52,6 +52,8 @@ PROGRAMS = {
     "tests/programs/per_token_i8.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 16), P=_up(k, 8)),
     "tests/programs/per_token_fp8.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 16), P=_up(k, 8)),
     "tests/programs/per_token_i4.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 2)),
+    # LayerNorm deferred into the next gemm: gamma @ wu and beta @ wu computed by the runtime
+    "tests/programs/layernorm_chain.epi": lambda m, n, k: dict(M=m, D=n, F=_up(k, 8)),
 }
 # (M, N, K): tile multiples, then ragged (M = 1, 77, 8191; N, K not multiples of 128). M <= 256 gets
 # the pingpong 64x64 configuration, larger M pingpong 128x128 cluster 2x1, and 128x192 where N is a

@@ -401,8 +401,10 @@ def test_inside_torch_compile():
 def test_compiled_call_path_gives_the_python_paths_bytes(name, size):
     """The compiled launcher (runtime/fastcall.py) runs a bound signature: every buffer (keep=True)
     bit-identical to the Python path's poisoned run, so every element was written by the kernels."""
-    from epic.runtime import fastcall
+    from epic.runtime import derived, fastcall
     prog = epic.compile(path(name))                  # a fresh program: its first call binds
+    if derived.specs(prog.program):
+        pytest.skip("the compiled launcher declines derived tensors: the Python path runs the program")
     sizes = PROGRAMS[name](*size)
     inputs = to_device(prog.program, make_inputs(prog.analysis.source_program, sizes, seed=seed_of("fast", name, size)))
     slow = prog(poison=True, keep=True, **inputs)

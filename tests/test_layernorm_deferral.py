@@ -124,6 +124,18 @@ def test_the_runtime_cache_recomputes_after_an_in_place_update():
     assert cache.get([gamma], other.t()) is not cache.get([gamma], w.t())
 
 
+def test_another_tensor_at_the_same_address_is_not_taken_for_the_cached_one():
+    """What a weight freed and another allocated where it was looks like: same pointer, shape and
+    version, another tensor."""
+    cache = derived.Cache()
+    w = torch.randn(8, 4)
+    w.add_(0)                                 # version 1, as set_ leaves the alias
+    first = cache.get([], w)
+    alias = torch.empty(0).set_(w.untyped_storage(), 0, w.shape, w.stride())
+    assert (alias.data_ptr(), alias._version) == (w.data_ptr(), w._version)
+    assert cache.get([], alias) is not first
+
+
 def test_the_cache_is_bounded():
     cache = derived.Cache()
     keep = [torch.randn(8, 4) for _ in range(derived.MAX_ENTRIES + 5)]

@@ -9,7 +9,9 @@ The graph holds the device pointers of the call it recorded: its inputs are thos
 caller's own), its outputs the tensors it allocated then, rewritten by every replay (clone what
 must outlive the next one). A replay therefore takes only tensors of the recorded shapes, dtypes,
 strides and device, and the recorded scalar values (they are baked into the kernels' arguments);
-anything else is E609 before the graph runs.
+anything else is E609 before the graph runs. Tensors derived from weights (LayerNorm's gamma @ W,
+runtime/derived.py) are computed inside the recorded region: each replay recomputes them from what the
+recorded weights hold then.
 """
 from __future__ import annotations
 
