@@ -17,7 +17,7 @@ from epic.distributed import run_sharded, shard_columns
 
 from . import hostsim
 from .conftest import ROOT
-from .hostsim import compiler, harness
+from .hostsim import harness
 from .hostsim.program import HostProgram
 
 PATH = str(ROOT / "samples" / "cross_entropy.epi")
@@ -36,8 +36,18 @@ def inputs(seed: int = 5) -> dict:
     return dict(x=x, w=w, label=label)
 
 
+def _one_device(cache: str, results: str) -> None:
+    """The one-device run, building first what each rank builds, in the same order (the plan of its
+    columns, then the whole vocabulary's), into the cache the ranks then read: no g++ in the ranks."""
+    os.environ["EPIC_HOSTSIM_CACHE"] = cache
+    torch.set_num_threads(1)
+    prog, data = HostProgram(PATH, CONFIG_M), inputs()
+    prog(keep=True, x=data["x"], w=data["w"][:V // WORLD].t(), label=data["label"])
+    torch.save(prog(x=data["x"], w=data["w"].t(), label=data["label"]), os.path.join(results, "single.pt"))
+
+
 def _rank(rank: int, store: str, cache: str, results: str) -> None:
-    os.environ["EPIC_HOSTSIM_CACHE"] = cache          # the libraries the parent built: no g++ here
+    os.environ["EPIC_HOSTSIM_CACHE"] = cache
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
@@ -49,26 +59,18 @@ def _rank(rank: int, store: str, cache: str, results: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def single():
-    """The one-device run on the host, with every library the ranks need built here first (into a
-    cache the ranks share): the local plan's, then the whole vocabulary's, as run_sharded binds them."""
+def test_sharded_cross_entropy_is_the_one_device_result(tmp_path):
     hostsim.require_toolchain()
-    prog, data = HostProgram(PATH, CONFIG_M), inputs()
-    with harness.one_torch_thread():
-        prog(x=data["x"], w=data["w"][:V // WORLD].t(), label=data["label"])
-        return prog(x=data["x"], w=data["w"].t(), label=data["label"])
-
-
-def test_sharded_cross_entropy_is_the_one_device_result(single, tmp_path):
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank, args=(r, str(tmp_path / "store"), str(compiler.cache_dir()), str(tmp_path)))
-             for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    ctx, cache = mp.get_context("spawn"), str(tmp_path / "cache")    # fresh processes: nothing built before
+    for target, args in [(_one_device, [(cache, str(tmp_path))]),
+                         (_rank, [(r, str(tmp_path / "store"), cache, str(tmp_path)) for r in range(WORLD)])]:
+        procs = [ctx.Process(target=target, args=a) for a in args]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(600)
+        assert all(p.exitcode == 0 for p in procs), (target.__name__, [p.exitcode for p in procs])
+    single = torch.load(tmp_path / "single.pt")
     data = inputs()
     want = reference.run(harness.compiled(PATH).analysis.source_program, dict(data, w=data["w"].t()), exact=False)
     for r in range(WORLD):
