@@ -5,8 +5,12 @@ If a stored tile t = s * V, where s is constant along each row and needs a whole
 those GEMMs (s * V) @ W = s * (V @ W) row by row: store V instead, and multiply the consumer's
 accumulator by s[row]. s itself becomes a small [M] buffer (finished by a combine kernel, see
 split_reductions). The product is flattened through *, / and integer powers, so any operand
-order works. Anything else that carries the reduction into t (silu(r*h), h + r, a per-column
-statistic) cannot be moved, and the pass says why.
+order works. Where a sum carries the reduction (LayerNorm: (h - mu) * r * gamma + beta), t is
+expanded into terms (affine_terms.py): one tile term a * T, whose T is stored and whose a scales the
+consumer's accumulator, and row terms b_j * R_j, which the consumer adds as b_j[row] * (R_j @ W)[col]
+from a derived tensor R_j @ W (computed from the weights before the kernels, runtime/derived.py).
+Anything else that carries the reduction into t (silu(r*h), a per-column statistic) cannot be moved,
+and the pass says why.
 
 A scale never crosses a store or cast that rounds coarsely or saturates (integers, fp8, f16's
 overflow): i8(r * v) != r * i8(v). Such stores are left for split-reductions, which finishes them in
