@@ -1,4 +1,5 @@
-"""The kernel cache key (runtime/build.py cache_key), field by field.
+"""The kernel cache key (runtime/build.py cache_key) and the compiled launcher's (runtime/fastcall.py
+library_path), field by field.
 
 A cached library is served to any unit with the same key, so the key must change with everything
 the library depends on. The fields are listed here, by hand, not read from the code under test: a key
@@ -100,3 +101,46 @@ def test_epic_version_and_node_headers_reach_the_key_through_the_source():
     finally:
         emit._header_file.cache_clear()
     assert key(rendered()) == plain
+
+
+# ---------------------------------------------------------------- the compiled launcher's cache entry
+class _Version:
+    def __init__(self, text):
+        self.stdout = text
+
+
+def launcher_key() -> str:
+    from epic.runtime import fastcall
+    return fastcall.library_path("/usr/bin/c++").parent.name
+
+
+def _other_source(mp, tmp_path):
+    from epic.runtime import fastcall
+    other = tmp_path / "launcher.cpp"
+    other.write_text(fastcall.SOURCE.read_text() + "\n// edited\n")
+    mp.setattr(fastcall, "SOURCE", other)
+
+
+# field -> a change of that field alone
+LAUNCHER_FIELDS = {
+    "source": _other_source,
+    "flags": lambda mp, tmp: mp.setattr("epic.runtime.fastcall.flags", lambda: ["-O2", "-std=c++20"]),
+    "torch version": lambda mp, tmp: mp.setattr("torch.__version__", "0.0.1"),
+    "python version": lambda mp, tmp: mp.setattr("sys.version", "2.7.18"),
+    "compiler version": lambda mp, tmp: mp.setattr(build, "version_of", lambda exe, what: _Version("g++ 7.1")),
+    "launcher ABI": lambda mp, tmp: mp.setattr("epic.runtime.fastcall.ABI", -1),
+}
+
+
+@pytest.mark.parametrize("field", list(LAUNCHER_FIELDS))
+def test_each_field_changes_the_launchers_key(monkeypatch, tmp_path, field):
+    """The launcher is built against torch's headers and ABI: a key without one of these would load a
+    launcher built for another torch, Python or compiler."""
+    monkeypatch.setenv("EPIC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "version_of", lambda exe, what: _Version("g++ 13.2"))
+    before = launcher_key()
+    with pytest.MonkeyPatch.context() as mp:
+        LAUNCHER_FIELDS[field](mp, tmp_path)
+        after = launcher_key()
+    assert after != before, f"the launcher's cache key does not depend on the {field}"
+    assert launcher_key() == before
