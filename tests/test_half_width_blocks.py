@@ -68,6 +68,18 @@ def test_blocks_that_do_not_fit_are_refused(body, code, words):
     assert err.diagnostics[0].span.line == line
 
 
+@pytest.mark.parametrize("options, words", [
+    ("tile=128x128x64", "a 1x128 block of a half-width value (256 accumulator columns) does not divide the tile "
+                        "width 128"),
+    ("tile=128x256x64, epi_tile=128x128", "a 1x128 block of a half-width value (256 accumulator columns) does not "
+                                         "divide the epilogue tile width 128"),
+])
+def test_a_fixed_tile_too_narrow_for_the_block_says_so_in_the_users_block(options, words):
+    text = SAMPLE.read_text().replace("@ wgu: bf16[D, 2*F])", f"@ wgu: bf16[D, 2*F]) with {options}")
+    err = diagnose(text)
+    assert err.codes == ["E404"] and words in str(err), str(err)
+
+
 def test_a_half_width_block_statistic_on_a_tile_is_refused_by_code_generation():
     prog = epic.compile(GATE_UP + "  out y: bf16 = h * block_max(abs(h), 64)\n}\n")
     with pytest.raises(EpicError) as info:

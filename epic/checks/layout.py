@@ -163,12 +163,14 @@ def _block_sizes(k: GemmKernel) -> list[Diagnostic]:
                                       "use 32, 64 or 128"))
                 continue
             b = int(b / v.args[0].shape.width)      # in the accumulator's columns (2B for a half-width value)
+            size = f"block size {b}" if b == v.attrs["block"] else \
+                f"a 1x{v.attrs['block']} block of a half-width value ({b} accumulator columns)"
             if b > MAX_TILE_N:
                 out.append(Diagnostic("E404", f"a 1x{v.attrs['block']} block of a half-width value spans {b} "
                                       f"columns of the accumulator; a tile holds at most {MAX_TILE_N}", v.span,
                                       f"use a block of at most {MAX_TILE_N // 2} columns after a width-halving map"))
             elif tile and tile[1] % b and not shared(tile[1], b):
-                out.append(Diagnostic("E404", f"block size {b} does not divide the tile width {tile[1]} of gemm "
+                out.append(Diagnostic("E404", f"{size} does not divide the tile width {tile[1]} of gemm "
                                       f"'{k.name}' (with tile={'x'.join(map(str, tile))})", v.span,
                                       f"pick a tile width that is a multiple of {b}, or a smaller block, or half "
                                       f"of {b} with cluster=1x2 and the pingpong schedule (the cluster's two CTAs "
@@ -178,7 +180,7 @@ def _block_sizes(k: GemmKernel) -> list[Diagnostic]:
                                       f"as the CTA tile ({tile[1]}) in gemm '{k.name}', not {epi[1]}", v.span,
                                       f"leave epi_tile out, or give it {tile[1]} columns"))
             elif epi and epi[1] % b and not (tile and shared(tile[1], b)):
-                out.append(Diagnostic("E404", f"block size {b} does not divide the epilogue tile width {epi[1]} of "
+                out.append(Diagnostic("E404", f"{size} does not divide the epilogue tile width {epi[1]} of "
                                       f"gemm '{k.name}' (with epi_tile={'x'.join(map(str, epi))}): a block must sit "
                                       "in one epilogue subtile", v.span,
                                       f"pick an epilogue tile width that is a multiple of {b}, or leave epi_tile out"))
