@@ -82,6 +82,28 @@ def test_nothing_outside_the_cache_is_ever_deleted(fake, tmp_path):
     assert info.value.codes == ["E704"] and outside.read_text() == "mine"
 
 
+@pytest.mark.parametrize("name", [cache.LOCK, "k.cu", "build.txt"])
+def test_a_build_never_writes_through_a_link_planted_in_its_entry(fake, tmp_path, name):
+    """A lock, source or log planted as a link to another user's file: the build replaces the link and
+    neither writes the file nor creates one outside the cache."""
+    existing, missing = tmp_path / "theirs.txt", tmp_path / "not-there"
+    existing.write_text("mine")
+    target = build.library_path(unit())
+    target.parent.mkdir(parents=True)
+    (target.parent / name).symlink_to(missing if name == cache.LOCK else existing)
+    with no_hang():
+        assert cache.problem(build.build_one(unit())) is None
+    assert existing.read_text() == "mine" and not missing.exists()
+
+
+def test_a_fifo_where_the_build_writes_its_log_does_not_block_it(fake):
+    target = build.library_path(unit())
+    target.parent.mkdir(parents=True)
+    os.mkfifo(target.parent / "build.txt")
+    with no_hang():
+        assert cache.problem(build.build_one(unit())) is None
+
+
 # ---------------------------------------------------------------- FIFOs, /dev/zero, huge files
 def plant(entry_file: Path, kind: str) -> None:
     entry_file.unlink(missing_ok=True)
@@ -199,6 +221,22 @@ def test_a_hanging_version_probe_is_E705_saying_so(fake, monkeypatch):
         build.build_one(unit())
     assert info.value.codes == ["E705"] and "--version` did not answer in 0.5 s" in str(info.value)
     assert fake.calls == 0
+
+
+def test_a_hanging_compiler_version_probe_is_bounded(tmp_path, monkeypatch):
+    """The launcher's C++ compiler is asked its version too: a hang is a warning after the timeout (calls
+    take the ctypes path), not a wait of a minute or more."""
+    from epic.runtime import fastcall
+    cxx = tmp_path / "c++"
+    cxx.write_text("#!/bin/sh\nsleep 1000\n")
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    monkeypatch.setenv("EPIC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("EPIC_LAUNCHER", "compiled")
+    monkeypatch.setattr(build, "VERSION_TIMEOUT", 0.5)
+    monkeypatch.setattr(fastcall, "_STATE", {"module": None, "why": None, "path": None})
+    with no_hang(), pytest.warns(RuntimeWarning, match="did not answer in 0.5 s"):
+        assert fastcall.library() is None
 
 
 # ---------------------------------------------------------------- sizes the kernels cannot index

@@ -237,7 +237,7 @@ def _compile(unit: Unit, exe: str, target: Path, timeout: float, split: bool = T
     split: run nvcc's host and device halves concurrently (nvcc_split.py) when a core is free for it."""
     src = target.with_suffix(".cu")
     try:
-        src.write_text(unit.source)
+        cache.write_file(src, unit.source)
         tmp = Path(tempfile.mkdtemp(prefix=cache.TMP_PREFIX, dir=target.parent))
     except OSError as e:
         src.unlink(missing_ok=True)
@@ -262,7 +262,7 @@ def _compile(unit: Unit, exe: str, target: Path, timeout: float, split: bool = T
         if r.returncode != 0:
             keep_src = True
             log = target.with_suffix(".log")
-            log.write_text(" ".join(cmd) + "\n\n" + r.stdout + r.stderr)
+            cache.write_file(log, " ".join(cmd) + "\n\n" + r.stdout + r.stderr)
             if _STAGES in r.stdout + r.stderr:
                 raise EpicError(Diagnostic(
                     "E217", f"kernel '{unit.name}': the epilogue's shared memory leaves the mainloop fewer than "
@@ -277,7 +277,7 @@ def _compile(unit: Unit, exe: str, target: Path, timeout: float, split: bool = T
                                        f"usable library: {why}", None, f"check the nvcc at {exe}"))
         keep_src = True
         target.with_suffix(".log").unlink(missing_ok=True)      # an earlier failure's log
-        (target.parent / "build.txt").write_text(" ".join(cmd) + f"\n{time.time() - t0:.1f} s ({how})\n")
+        cache.write_file(target.parent / "build.txt", " ".join(cmd) + f"\n{time.time() - t0:.1f} s ({how})\n")
     except OSError as e:
         raise cache.unusable(Path(e.filename or target.parent), e) from None
     finally:

@@ -13,6 +13,7 @@ symbolic link nor deletes anything outside the cache directory.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -182,6 +183,16 @@ def commit(built: Path, target: Path, expect: dict | None = None, kind: str = "k
     return None
 
 
+def write_file(path: Path, text: str) -> None:
+    """Write a new file at `path` (inside an entry, with its lock held), replacing whatever is there:
+    never through a symbolic link planted there (it could point at another user's file) nor into a
+    FIFO (it would block)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def discard(lib: Path) -> None:
     """Remove an entry's library and manifest (call with the entry's lock held)."""
     for p in (manifest_path(lib), lib):
@@ -199,6 +210,11 @@ def _acquire(lock: Path, wait: float) -> int | None:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except FileNotFoundError:                 # the directory went away meanwhile: recreate it
+            continue
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            lock.unlink()                         # a link where the lock goes: removed, never followed
             continue
         try:
             while True:
