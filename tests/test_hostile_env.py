@@ -194,6 +194,16 @@ def test_every_character_a_shell_interprets_is_refused(fake, monkeypatch, tmp_pa
     assert info.value.codes == ["E704"] and fake.calls == 0
 
 
+def test_an_nvcc_installed_under_shell_syntax_is_E705(fake, monkeypatch, tmp_path):
+    where = tmp_path / "cuda;x" / "bin"
+    where.mkdir(parents=True)
+    shutil.copy(fake.exe, where / "nvcc")
+    monkeypatch.setenv("EPIC_NVCC", str(where / "nvcc"))
+    with pytest.raises(EpicError) as info:
+        build.build_one(unit())
+    assert info.value.codes == ["E705"] and "';'" in str(info.value) and fake.calls == 0
+
+
 def test_spaces_are_fine(fake, monkeypatch, tmp_path):
     monkeypatch.setenv("EPIC_CACHE_DIR", str(tmp_path / "my cache"))
     assert cache.problem(build.build_one(unit())) is None
