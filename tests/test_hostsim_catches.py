@@ -155,7 +155,7 @@ PLANTED = {
                           None, r"g__rmax_part0 \(f32\)"),
     "fold_skips_last_tile": ("samples/residual_rmsnorm.epi", dict(M=77, D=392), 64, no_bug, fold_skips_last_tile,
                              r"r \(f32\): \d+ of 77 elements off"),
-    # the nodes' own arithmetic: online log-sum-exp, block quantization, block statistic scaling
+    # the nodes' own arithmetic: online log-sum-exp, block quantization, block statistic scaling, per-head index
     "lse_rescale_inverted": ("samples/cross_entropy.epi", dict(M=77, D=200, V=392), 64,
                              arith_bug("__expf(old_max - new_max)", "__expf(new_max - old_max)"), None,
                              r"lm_head__lse_part0 \(f32\): \d+ of"),
@@ -164,8 +164,11 @@ PLANTED = {
     "block_statistic_divides": ("samples/qk_norm_rope.epi", dict(M=77, D=200, H=2, Dh=128), 64,
                                 arith_bug("return Divide ? __fdiv_rn(y, s) : y * s;",
                                           "return Divide ? y * s : __fdiv_rn(y, s);"), None, r"q \(bf16\): \d+ of"),
+    "periodic_index_unwrapped": ("samples/qk_norm_rope.epi", dict(M=77, D=200, H=4, Dh=98), 64,   # heads of 98
+                                 arith_bug("at -= at >= period ? period : 0;", "at -= at > period ? period : 0;"),
+                                 None, r"q \(bf16\): \d+ of"),
 }
-ARITH_BUGS = {"lse_rescale_inverted", "block_amax_signed", "block_statistic_divides"}
+ARITH_BUGS = {"lse_rescale_inverted", "block_amax_signed", "block_statistic_divides", "periodic_index_unwrapped"}
 OPTIONS = {"fold_skips_last_tile": {"combine": "fold"}}    # configuration changes of a case
 
 

@@ -525,7 +525,9 @@ struct Coordinate : Node {
 };
 
 // epic_nodes::Sm90PeriodicRowBroadcast<Element>: ptr[col % period] as float, every column (past N too:
-// the index wraps, so it never leaves the vector).
+// the index wraps, so it never leaves the vector). Where the period is at least the tile's width, as
+// the node does it: one remainder per tile (of its middle column, so that columns on both sides of it
+// wrap), every column's index from it by arith::periodic_index.
 template <class Element>
 struct PeriodicRowBroadcast : Node {
   struct Arguments {
@@ -533,10 +535,18 @@ struct PeriodicRowBroadcast : Node {
     int period = 1;
   };
   Arguments args;
+  int ref = 0, ref_mod = 0;
+  bool wraps = false;
   PeriodicRowBroadcast(Arguments const& a, Problem p) : Node{p}, args(a) {}
+  void begin(Tile const& t) {
+    ref = t.n0 + t.tile_n / 2;
+    ref_mod = ref % args.period;
+    wraps = args.period >= t.tile_n;
+  }
   Frag<float> visit(Fragment const& f) const {
     Frag<float> out;
-    for (int i = 0; i < kFrag; ++i) out[i] = float(args.ptr[f.n[i] % args.period]);
+    for (int i = 0; i < kFrag; ++i)
+      out[i] = float(args.ptr[wraps ? arith::periodic_index(ref_mod, f.n[i] - ref, args.period) : f.n[i] % args.period]);
     return out;
   }
 };

@@ -132,6 +132,18 @@ apply_scale(float y, float s) {
   return Divide ? __fdiv_rn(y, s) : y * s;
 }
 
+// ---- per-head vectors (Sm90PeriodicRowBroadcast)
+
+// The index into a vector repeated every `period` columns of column ref + distance, given ref_mod =
+// ref % period and |distance| < period: one conditional add or subtract (selects, no division).
+EPIC_ARITH int
+periodic_index(int ref_mod, int distance, int period) {
+  int at = ref_mod + distance;
+  at += at < 0 ? period : 0;
+  at -= at >= period ? period : 0;
+  return at;
+}
+
 // ---- packed int4 (Sm90PackedInt4Store, Sm90BlockScale's Output 1)
 
 // Two integer-valued floats as one byte: round to nearest even, two's complement nibbles, low nibble

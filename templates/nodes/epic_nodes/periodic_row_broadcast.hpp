@@ -70,10 +70,8 @@ struct Sm90PeriodicRowBroadcast : detail::NoWorkspaceNoLoads {
       if (period >= EpiN) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < FragmentSize; ++i) {
-          int at = ref_mod + (int(get<1>(tCcD_mn(epi_v * FragmentSize + i))) - ref);   // |distance| < EpiN
-          at += at < 0 ? period : 0;
-          at -= at >= period ? period : 0;
-          out[i] = float(params.ptr[at]);
+          int distance = int(get<1>(tCcD_mn(epi_v * FragmentSize + i))) - ref;   // |distance| < EpiN
+          out[i] = float(params.ptr[detail::periodic_index(ref_mod, distance, period)]);
         }
       } else {
         CUTLASS_PRAGMA_UNROLL
