@@ -74,6 +74,29 @@ def test_prune_and_clean_never_follow_a_link_out_of_the_cache(fake, capsys, tmp_
     assert not os.path.lexists(link) and f"removed {link}" in out              # the link itself goes
 
 
+def test_an_entry_that_is_a_link_is_neither_served_nor_built_into(fake, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    target = build.library_path(unit())
+    target.parent.parent.mkdir(parents=True)
+    target.parent.symlink_to(elsewhere)
+    with pytest.raises(EpicError) as info:
+        build.build_one(unit())
+    assert info.value.codes == ["E704"] and "symbolic link" in str(info.value)
+    assert list(elsewhere.iterdir()) == [] and fake.calls == 0
+
+
+def test_a_sound_entry_behind_a_link_is_not_served(fake, tmp_path, monkeypatch):
+    lib = build.build_one(unit())                      # a sound entry, moved out and linked back in
+    moved = tmp_path / "elsewhere"
+    lib.parent.rename(moved)
+    lib.parent.symlink_to(moved)
+    assert "symbolic link" in cache.problem(lib)
+    with pytest.raises(EpicError) as info:
+        build.build_all([unit()], quiet=True)
+    assert info.value.codes == ["E704"]
+
+
 def test_nothing_outside_the_cache_is_ever_deleted(fake, tmp_path):
     outside = tmp_path / "outside.so"
     outside.write_text("mine")

@@ -214,6 +214,9 @@ def stop_all() -> None:
 def build_one(unit: Unit, split: bool = True) -> Path:
     exe = nvcc_path()
     target = library_path(unit)
+    if target.parent.is_symlink():              # epic makes none: it would serve or write files elsewhere
+        raise EpicError(Diagnostic("E704", f"the cache entry {target.parent} is a symbolic link, not a directory",
+                                   None, "`epic cache --prune` removes such links (never what they point at)"))
     why = cache.problem(target)
     if why is None:
         return target

@@ -133,6 +133,8 @@ def read_manifest(lib: Path) -> dict:
 def problem(lib: Path) -> str | None:
     """Why the cache entry `lib` must not be loaded (MISSING when there is none), or None when its
     manifest matches the library's size and sha256 and the library passes the ELF check."""
+    if lib.parent.is_symlink():
+        return "the entry directory is a symbolic link (epic makes none)"
     try:
         m = read_manifest(lib)
     except (FileNotFoundError, NotADirectoryError):
