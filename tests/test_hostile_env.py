@@ -319,3 +319,21 @@ def test_a_call_past_the_combine_kernels_rows_is_E607():
         prog(x=huge(2**27 + 8, d), wo=huge(d, d, kmajor=True), z=huge(2**27 + 8, d),
              gamma=torch.empty(d, dtype=torch.bfloat16))
     assert info.value.codes == ["E607"] and "combine kernel" in str(info.value)
+
+
+def test_the_launcher_build_never_writes_its_log_through_a_planted_link(tmp_path, monkeypatch):
+    """The compiled launcher's entry gets the same care: a failed build's log planted as a link to
+    another user's file replaces the link and leaves the file alone."""
+    import subprocess
+
+    from epic.runtime import fastcall
+    theirs = tmp_path / "theirs.txt"
+    theirs.write_text("mine")
+    target = tmp_path / "cache" / "entry" / "epic_launcher.so"
+    target.parent.mkdir(parents=True)
+    target.with_suffix(".log").symlink_to(theirs)
+    monkeypatch.setattr(build, "_run", lambda cmd, *a, **k: subprocess.CompletedProcess(cmd, 1, "", "failed"))
+    with pytest.raises(fastcall._Unavailable):
+        fastcall._compile("c++", target)
+    assert theirs.read_text() == "mine"
+    assert "failed" in target.with_suffix(".log").read_text() and not target.with_suffix(".log").is_symlink()

@@ -151,12 +151,12 @@ def _compile(exe: str, target: Path) -> None:
         r = build._run(cmd, build.nvcc_timeout(), env=dict(os.environ, TMPDIR=str(tmp)))
         if r.returncode != 0:
             log = target.with_suffix(".log")
-            log.write_text(" ".join(cmd) + "\n\n" + r.stdout + r.stderr)
+            cache.write_file(log, " ".join(cmd) + "\n\n" + r.stdout + r.stderr)     # never through a planted link
             raise _Unavailable(f"building the launcher failed (exit status {r.returncode}); the log is at {log}")
         why = cache.commit(out, target, kind="launcher")
         if why:
             raise _Unavailable(f"the compiler's launcher is not a usable module: {why}")
-        (target.parent / "build.txt").write_text(" ".join(cmd) + "\n")
+        cache.write_file(target.parent / "build.txt", " ".join(cmd) + "\n")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
