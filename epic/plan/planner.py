@@ -71,7 +71,8 @@ def buffer_of(t: Tensor, sizes: dict[str, int], configs: dict) -> Buffer:
     if t.dtype in dtypes.PACKED:
         shape = layouts.packed_int4_shape(*dims)
         return Buffer(t.name, t.role, t.dtype, shape, "uint8", _nbytes(shape, 8),
-                      f"{t.dtype} packed two per byte, low nibble = even column", t.producer)
+                      f"{'int4' if t.dtype is dtypes.I4 else t.dtype} packed two per byte, low nibble = even column",
+                      t.producer)
     if t.role == "derived":
         vectors, matrix = t.derived
         return Buffer(t.name, t.role, t.dtype, dims, "float32", _nbytes(dims, 32),
