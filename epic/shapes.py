@@ -1,7 +1,7 @@
 """Symbolic dimensions and the shape kinds a value can have inside one GEMM epilogue.
 
 A dimension is a monomial `coef * name1 * name2 ...` (coef a Fraction): enough for `D`, `2*F`,
-`N/2` and literal sizes. Inside a GEMM whose accumulator is [M, N], every value has a kind:
+`N/2` and literal sizes. It stays symbolic here; epic/sizes.py gives it a value at given sizes. Inside a GEMM whose accumulator is [M, N], every value has a kind:
 
   TILE   [M, w*N]   one element per output element (w = 1, or 1/2 and 2 after pairwise maps)
   ROW    [w*N]      a row vector: one value per column, broadcast down the rows (bias, gamma)
@@ -46,12 +46,6 @@ class Dim:
         if self.names != other.names or other.coef == 0:
             return None
         return self.coef / other.coef
-
-    def evaluate(self, sizes: dict[str, int]) -> Fraction:
-        v = self.coef
-        for n in self.names:
-            v *= sizes[n]
-        return v
 
     def __str__(self) -> str:
         parts = list(self.names)

@@ -63,12 +63,35 @@ def check_indexable(program: Program, sizes: dict[str, int]) -> None:
                             f"split {what} over several gemms")
 
 
+# The one place a symbolic dimension meets sizes. Its value is exact, a Fraction (N/128 at N=200 is
+# 25/16); what a tensor, a kernel or the reference needs is a whole number, and a size that leaves
+# one fractional is the caller's sizes at fault: E607. The layout checks read the exact value so
+# that their own diagnostics (E403, E404, ...) can say which rule it breaks and what it came to.
+def exact(dim: Dim, sizes: dict[str, int]) -> Fraction:
+    """dim's value at these sizes, exactly (a KeyError for a name sizes lacks)."""
+    return dim.coef * _product(dim, sizes)
+
+
 def evaluate(dim: Dim, sizes: dict[str, int]) -> int:
-    v = dim.evaluate(sizes)
+    """dim's value at these sizes as a whole number; E607 when the sizes leave it fractional."""
+    v = exact(dim, sizes)
     if v.denominator != 1:
         raise EpicError(Diagnostic("E607", f"dimension {dim} = {v} is not a whole number", None,
                                    "pick sizes that divide evenly"))
     return int(v)
+
+
+def evaluate_integer(dim: Dim, sizes: dict[str, object]):
+    """evaluate() in integer arithmetic only, for sizes that may be torch SymInts (torch.compile's
+    fake tensors), which a Fraction cannot hold. Assumes the sizes were validated (whole results)."""
+    return dim.coef.numerator * _product(dim, sizes) // dim.coef.denominator
+
+
+def _product(dim: Dim, sizes: dict):
+    v = 1
+    for n in dim.names:
+        v = v * sizes[n]
+    return v
 
 
 def bind_from_tensors(program: Program, shapes: dict[str, tuple[int, ...]],
@@ -98,7 +121,7 @@ def bind_from_tensors(program: Program, shapes: dict[str, tuple[int, ...]],
             pending.remove(item)
             progress = True
             if not unknown:
-                expect = d.evaluate(sizes)
+                expect = exact(d, sizes)
                 if expect != n:
                     raise EpicError(Diagnostic("E602", f"'{t.name}' dimension {i} is {n}, but {d} = {expect} "
                                                f"(from {_origin(d, source)})", t.span,
@@ -106,7 +129,7 @@ def bind_from_tensors(program: Program, shapes: dict[str, tuple[int, ...]],
                 continue
             name = unknown[0]
             power = d.names.count(name)
-            known = Dim(d.coef, tuple(x for x in d.names if x != name)).evaluate(sizes)
+            known = exact(Dim(d.coef, tuple(x for x in d.names if x != name)), sizes)
             value = Fraction(n) / known
             root = round(float(value) ** (1 / power)) if value > 0 else 0
             if value <= 0 or Fraction(root) ** power != value:
@@ -140,13 +163,6 @@ def solve_integer(program: Program, shapes: dict[str, tuple]) -> dict[str, objec
                 sizes[unknown[0]] = n * d.coef.denominator // (d.coef.numerator * known)
                 progress = True
     return sizes
-
-
-def evaluate_integer(dim: Dim, sizes: dict[str, object]):
-    v = dim.coef.numerator
-    for n in dim.names:
-        v = v * sizes[n]
-    return v // dim.coef.denominator
 
 
 def check_names(program: Program, args: dict) -> None:

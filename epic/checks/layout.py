@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .. import dtypes
+from .. import dtypes, sizes as sizes_mod
 from ..diagnostics import Diagnostic, Span
 from ..ir import options as vocab
 from ..ir import primitives as P
@@ -41,7 +41,7 @@ class Requirement:
         return None
 
     def holds(self, sizes: dict[str, int]) -> bool:
-        v = self.dim.evaluate(sizes)
+        v = sizes_mod.exact(self.dim, sizes)
         return v.denominator == 1 and int(v) % self.multiple == 0
 
     def diagnostic(self, value: Fraction | None = None) -> Diagnostic:
@@ -110,7 +110,7 @@ def check_sizes(program: Program, sizes: dict[str, int]) -> list[Diagnostic]:
     out = []
     for r in requirements(program):
         if not r.holds(sizes):
-            out.append(r.diagnostic(r.dim.evaluate(sizes)))
+            out.append(r.diagnostic(sizes_mod.exact(r.dim, sizes)))
     return _distinct(out)
 
 
