@@ -1,10 +1,9 @@
 """Kernel configuration (tile, cluster, schedule) of each gemm: a documented heuristic by size,
 overridable in the file (`gemm g(...) with tile=128x128x64, schedule=pingpong`) and per call.
 
-Heuristic (measured on the H200 with bench/bench.py and bench/interleaved.py; docs/PERFORMANCE.md):
+Heuristic (chosen from H200 measurements: docs/PERFORMANCE.md, "Tuning"):
   M <= 256     pingpong 64x64x64, cluster 1x1      decode: 64x64 tiles put 64 CTAs on N = 4096 where
-                                                   64x128 puts 32 (1.25x vs 1.41x cuBLAS for
-                                                   resid_norm at M = 64, 1.03x vs 1.17x plain);
+                                                   64x128 puts 32, on 132 SMs;
                                                    1x128 blocks: cluster 1x2, the two CTAs share
                                                    each block (not a 64x128 tile); N over 16384:
                                                    64x128 (SMALL_M_WIDE)

@@ -1,14 +1,14 @@
-"""One nvcc build with its host and device halves running at the same time (a cold build of one
-CUTLASS kernel on 2 cores: ~44 s -> ~34 s, docs/PERFORMANCE.md).
+"""One nvcc build with its host and device halves running at the same time, which shortens a cold
+build where a core is free for the second half (docs/PERFORMANCE.md, "Cold build time").
 
-nvcc runs its steps one after another: the host half (preprocessing, cudafe++: ~10 s for a CUTLASS
-kernel), the device half (preprocessing, cicc, ptxas, fatbinary: ~29 s), then the host compile that
-embeds the device code, and the link (~6 s). The halves share one thing: the module id, a name that
-cudafe++ writes and cicc reads (it makes internal-linkage names unique per translation unit). Here
-epic writes that id itself, in nvcc's format, and runs the halves concurrently; every step is
-nvcc's own (`nvcc -dryrun`), run as nvcc prints it. Given nvcc's id, the result is nvcc's library
-byte for byte but for two temporary file names (tests/test_nvcc_split.py). When the dry run does not
-have the expected shape (another nvcc), None tells the caller to run plain nvcc.
+nvcc runs its steps one after another: the host half (preprocessing, cudafe++), the device half
+(preprocessing, cicc, ptxas, fatbinary), then the host compile that embeds the device code, and the
+link; for a CUTLASS kernel cicc is the longest step. The halves share one thing: the module id, a
+name that cudafe++ writes and cicc reads (it makes internal-linkage names unique per translation
+unit). Here epic writes that id itself, in nvcc's format, and runs the halves concurrently; every
+step is nvcc's own (`nvcc -dryrun`), run as nvcc prints it. Given nvcc's id, the result is nvcc's
+library byte for byte but for two temporary file names (tests/test_nvcc_split.py). When the dry run
+does not have the expected shape (another nvcc), None tells the caller to run plain nvcc.
 """
 from __future__ import annotations
 
