@@ -155,14 +155,10 @@ def fits(kernel, tensors: dict, cfg: KernelConfig) -> bool:
     return epi + 2 * stage <= SMEM_BYTES - SMEM_RESERVE
 
 
-# What large M tries, best first, until one fits in shared memory. Measured on the H200 with
-# bench/interleaved.py (each round runs every candidate once, milliseconds apart: its control, cuBLAS
-# against itself, reads 1.000 with quartiles within 0.3%; docs/PERFORMANCE.md), ratio to cuBLAS at
-# M = 8192: pingpong 128x128 cluster 2x1 against cooperative 128x256 cluster 2x1 (the default before)
-#   identity epilogue N = 4096 0.990 / 1.011, N = 14336 0.974 / 1.026; bias + GELU 0.992 / 1.098;
-#   RoPE (N = 6144) 0.991 / 1.062; residual + RMSNorm 1.034 / 1.116.
-# Pingpong overlaps one warp group's epilogue with the other's mainloop; the cooperative schedule
-# runs the epilogue after the mainloop on both, where it adds to the time.
+# What large M tries, best first, until one fits in shared memory (the order was measured on the H200
+# with bench/interleaved.py: docs/PERFORMANCE.md, "Tuning"). Pingpong overlaps one warp group's
+# epilogue with the other's mainloop; the cooperative schedule runs the epilogue after the mainloop
+# on both, where it adds to the time.
 LARGE_M = [KernelConfig("pingpong", (128, 128, 64), (2, 1), swizzle=8),
            KernelConfig("cooperative", (128, 128, 64), (2, 1), swizzle=8),
            KernelConfig("cooperative", (128, 64, 64), (2, 1), swizzle=8),
