@@ -11,7 +11,7 @@ from ...diagnostics import Span, error
 from .base import Node, NodeImpl, Pointer, Scalar
 from .leaves import AccFetch, AuxLoad, ColBroadcast, RowBroadcast, ScalarBroadcast
 from .custom import BlockReduceScale, BlockScaleD, BlockScaleHalfWidth, BlockScaleInt4, Coordinate, PackedInt4Store, PeriodicRowBroadcast, RowLsePartial
-from .packed import DoubleWidthAux, DoubleWidthD, DoubleWidthLoad, HalfWidthAux, HalfWidthD, PackedE2m1Store
+from .packed import DoubleWidthAux, DoubleWidthD, DoubleWidthLoad, HalfWidthAux, HalfWidthD
 from .stores import AuxStore, ColPartial, DStore, E8m0Store, RowPartial
 
 # a per-head vector before the stock row broadcast (which would read it as a whole row)
@@ -19,7 +19,7 @@ LEAVES: list[type[NodeImpl]] = [AccFetch, ScalarBroadcast, AuxLoad, PeriodicRowB
                                 DoubleWidthLoad, Coordinate]
 # block-scaled stores first: the node must be the root (it rewrites the subtile D is stored from)
 ROOTS: list[type[NodeImpl]] = [BlockScaleD, BlockScaleInt4, BlockScaleHalfWidth, BlockReduceScale, DStore, HalfWidthD, DoubleWidthD]
-STORES: list[type[NodeImpl]] = [AuxStore, E8m0Store, HalfWidthAux, DoubleWidthAux, PackedInt4Store, PackedE2m1Store, RowPartial,
+STORES: list[type[NodeImpl]] = [AuxStore, E8m0Store, HalfWidthAux, DoubleWidthAux, PackedInt4Store, RowPartial,
                                 ColPartial, RowLsePartial]
 
 

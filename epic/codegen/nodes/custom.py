@@ -14,7 +14,7 @@ each, printed into the kernels that use them).
 - BlockReduceScale: q = y * s (or y / s) with s a function of one 1xB block reduction of another tile z
   (QK-norm's per-head rsqrt(mean(h * h) + eps), once hoist-block-scale has moved s to the store); the
   root, reducing z while the subtile is visited; it can store s too.
-- PackedInt4Store: an i4 tile packed two per byte (low nibble = even column), stored directly.
+- PackedInt4Store: an i4 or e2m1 tile packed two per byte (low nibble = even column), stored directly.
 """
 from __future__ import annotations
 
@@ -310,19 +310,22 @@ class BlockReduceScale(NodeImpl):
 
 
 class PackedInt4Store(NodeImpl):
+    """i4 and e2m1 tiles: the functor gives each element's 4-bit value or code (functor.store_expr),
+    which the node packs two per byte."""
     role = "store"
-    covers = "i4 tiles, packed two per byte (low nibble = even column)"
+    covers = "i4 and e2m1 tiles, packed two per byte (low nibble = even column)"
     header = "epic_nodes/packed_int4_store.hpp"
 
     @classmethod
     def matches(cls, b, s) -> bool:
         t = b.program.tensors[s.tensor]
-        return s.value.kind is Kind.TILE and s.value.shape.width == 1 and t.dtype is dtypes.I4
+        return s.value.kind is Kind.TILE and s.value.shape.width == 1 and t.dtype in dtypes.PACKED
 
     @classmethod
     def emit(cls, b, s) -> int:
         t = b.program.tensors[s.tensor]
         src = b.compute(s.value, t.dtype)
-        p = b.pointer("int4_store", t.name, t.dtype, "[M, N/2] packed int4")
+        what = "int4" if t.dtype is dtypes.I4 else str(t.dtype)
+        p = b.pointer("int4_store", t.name, t.dtype, f"[M, N/2] packed {what}")
         return b.add(cls, "epic_nodes::Sm90PackedInt4Store", f"{{static_cast<uint8_t*>({p})}}", [src],
-                     f"store int4 {t.name}")
+                     f"store {what} {t.name}")

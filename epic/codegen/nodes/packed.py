@@ -119,22 +119,3 @@ class DoubleWidthLoad(NodeImpl):
         u = _UNPACK[v.dtype.name]
         return tuple(f"{u}_{half}(in{j}[2 * k + {e}])" for e in (0, 1) for half in ("lo", "hi"))
 
-
-class PackedE2m1Store(NodeImpl):
-    """e2m1 tiles packed two per byte by the i4 store's node: the functor gives each element's 4-bit
-    code (functor.store_expr), which that node packs exactly as it packs an int4 nibble."""
-    role = "store"
-    covers = "e2m1 tiles, packed two per byte (low nibble = even column)"
-    header = "epic_nodes/packed_int4_store.hpp"
-
-    @classmethod
-    def matches(cls, b, s) -> bool:
-        return _tile_of_width(b, s, Fraction(1), (dtypes.E2M1,))
-
-    @classmethod
-    def emit(cls, b, s) -> int:
-        t = b.program.tensors[s.tensor]
-        src = b.compute(s.value, t.dtype)
-        p = b.pointer("int4_store", t.name, t.dtype, "[M, N/2] packed e2m1")
-        return b.add(cls, "epic_nodes::Sm90PackedInt4Store", f"{{static_cast<uint8_t*>({p})}}", [src],
-                     f"store e2m1 {t.name}")
