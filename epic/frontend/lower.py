@@ -25,10 +25,30 @@ from .parser import parse
 RESERVED_SEPARATOR = "__"
 
 
+def _prelude_text() -> str:
+    return resources.files("epic").joinpath("prelude.epi").read_text()
+
+
 @functools.lru_cache(maxsize=1)
-def _prelude() -> ast.Module:
-    text = resources.files("epic").joinpath("prelude.epi").read_text()
-    return parse(text, "<prelude>")
+def _prelude() -> dict[str, ast.Def]:
+    """The prelude's definitions by name. A call resolves to a def before a primitive, so a prelude
+    def named like a built-in would silently replace it: that, like any other malformed prelude,
+    is a bug in epic (E599), raised by every load until it is fixed."""
+    defs: dict[str, ast.Def] = {}
+    for d in parse(_prelude_text(), "<prelude>").items:
+        why = ("holds something other than a def" if not isinstance(d, ast.Def) else
+               f"defines '{d.name}' twice" if d.name in defs else
+               f"defines '{d.name}', a built-in name" if is_builtin_name(d.name) else None)
+        if why:
+            raise error("E599", f"internal: epic's prelude {why} (a bug in epic)", d.span,
+                        "report this: epic/prelude.epi must only add definitions under new names")
+        defs[d.name] = d
+    return defs
+
+
+def is_builtin_name(name: str) -> bool:
+    """A primitive's or reduction's function name, a keyword, a dtype or a reserved word."""
+    return name in P.BUILTIN_NAMES or name in P.RESERVED or dtypes.lookup(name) is not None
 
 
 def load_program(text: str, name: str = "<string>", base_dir: str | None = None) -> Program:
@@ -48,9 +68,7 @@ class Lowering:
 
     # ------------------------------------------------------------------ program
     def run(self) -> Program:
-        for d in _prelude().items:
-            if isinstance(d, ast.Def):
-                self.defs[d.name] = d
+        self.defs.update(_prelude())
         user_defs: dict[str, ast.Def] = {}
         self._collect_defs(self.module, user_defs, set())
         self.defs.update(user_defs)
@@ -85,7 +103,7 @@ class Lowering:
                     raise error("E202", f"'{item.name}' is defined twice", item.span,
                                 "rename one of them (a file's own def of a prelude name is allowed once)",
                                 notes=[(into[item.name].span, "first definition")])
-                if item.name in P.BUILTIN_NAMES or item.name in P.RESERVED or dtypes.lookup(item.name):
+                if is_builtin_name(item.name):
                     raise error("E202", f"'{item.name}' is a built-in name and cannot be redefined", item.span,
                                 f"call the definition something else, e.g. my_{item.name}")
                 seen: set[str] = set()
