@@ -44,7 +44,7 @@ CODES = {
     "E405": "int4 output with an odd width",
     "E501": "a row scale cannot be moved into the next gemm: it does not multiply the whole row",
     "E502": "a row scale cannot be moved: the value is also returned or read as a tile",
-    "E599": "internal: the IR verifier found an ill-formed program after a pass (a bug in epic)",
+    "E599": "internal: an ill-formed program after a pass, or an ill-formed prelude (a bug in epic)",
     "E601": "missing tensor or scalar argument",
     "E602": "tensor of the wrong shape",
     "E603": "tensor of the wrong dtype",
