@@ -12,7 +12,8 @@ import epic
 from epic import reference
 from epic.diagnostics import EpicError
 from epic.runtime import compiled as compiled_mod
-from epic.tuning import database, tuner
+from epic.runtime import tuning_db as database
+from epic.tuning import tuner
 
 from .conftest import ROOT
 from .gpu_cases import PROGRAMS, make_inputs

@@ -15,7 +15,7 @@ import torch
 import epic
 from epic.diagnostics import EpicError
 from epic.runtime import build, cache
-from epic.tuning import database
+from epic.runtime import tuning_db as database
 
 from .conftest import ROOT
 from .test_cache import Fake, epic as epic_cli, unit

@@ -11,7 +11,8 @@ import epic
 from epic.diagnostics import Diagnostic, EpicError
 from epic.plan import config as config_mod, planner
 from epic.runtime import compiled as compiled_mod
-from epic.tuning import database, space, tuner
+from epic.runtime import tuning_db as database
+from epic.tuning import space, tuner
 
 from .conftest import ROOT
 

@@ -19,8 +19,8 @@ from ..codegen import emit
 from ..diagnostics import EpicError, error
 from ..ir.core import Tensor
 from ..plan import planner
-from ..tuning import database
 from . import binding, build, custom_op, derived, fastcall, graphs, loader
+from . import tuning_db as database
 from .validate import check_dtype, signature, validate
 
 

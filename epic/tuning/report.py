@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..frontend.sources import printable
-from . import database
+from ..runtime import tuning_db as database
 
 
 def _text(x, limit: int = 80) -> str:

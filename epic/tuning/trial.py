@@ -53,7 +53,7 @@ def main() -> int:
     from ..frontend import options
     from ..runtime.compiled import CompiledProgram
     from . import measure
-    from .tuner import device_inputs
+    from .inputs import device_inputs
     try:
         req = json.loads(sys.stdin.read())
         analysis = pipeline.analyze(req["source"])

@@ -18,13 +18,15 @@ import datetime
 import functools
 from dataclasses import dataclass, field
 
-from .. import pipeline, reference, sizes as sizes_mod
+from .. import pipeline, sizes as sizes_mod
 from ..codegen import emit
 from ..diagnostics import EpicError
 from ..plan import planner
 from ..runtime import build
-from . import database, measure, space
+from ..runtime import tuning_db as database
+from . import measure, space
 from . import trial as isolated
+from .inputs import device_inputs
 
 GIVE_UP = 3.0    # a candidate whose first timed run exceeds this multiple of the best so far stops there
 
@@ -46,20 +48,6 @@ class Result:
     ms: float
     heuristic_ms: float
     trials: list[Trial] = field(default_factory=list)
-
-
-def device_inputs(program, sizes: dict[str, int], seed: int = 0) -> dict:
-    """Random inputs on the GPU, laid out as the program reads them (K-major B operands)."""
-    out = {}
-    for name, x in reference.random_inputs(program, sizes, seed).items():
-        t = program.tensors[name]
-        if t.is_scalar:
-            out[name] = float(x)
-            continue
-        if t.layout == "kmajor":
-            x = x.t().contiguous().t()
-        out[name] = x.cuda()
-    return out
 
 
 def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int = 20, jobs: int | None = None,

@@ -1,4 +1,5 @@
 """The tuning database: what `epic tune` measured best, per program, GPU, shape bucket and versions.
+Every call reads it (runtime/compiled.py); the search (epic/tuning) writes it with store().
 
 A JSON file: $EPIC_TUNING if set, else tuning.json in the kernel cache directory. Users can ship one
 with their model (set EPIC_TUNING to it). An entry's key is
@@ -40,7 +41,7 @@ def path() -> Path:
     env = os.environ.get("EPIC_TUNING", "").strip()
     if env:
         return Path(env)
-    from ..runtime.cache import cache_dir
+    from .cache import cache_dir
     return cache_dir() / "tuning.json"
 
 
@@ -56,7 +57,7 @@ def bucket(program, sizes: dict[str, int]) -> str:
 
 
 def versions() -> str:
-    from ..runtime.build import cutlass_paths
+    from .build import cutlass_paths
     from ..version import __version__
     try:
         cutlass = cutlass_paths()[0]
