@@ -167,9 +167,28 @@ def cmd_build(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise error("E801", f"-j {args.jobs}: the number of parallel nvcc processes must be at least 1", None,
                     "leave -j out to use one per CPU")
+    rows = _rows(args.rows) if args.rows is not None else None
+    if args.bundle is None and rows is None:
+        analysis = pipeline.analyze(args.file, path=True)
+        _build(analysis, _sizes(analysis.program, args.shape) if args.shape else None, args.jobs)
+        return 0
+    from epic.runtime import bundle, bundle_build
+    target = bundle.check_target(args.bundle) if args.bundle is not None else None   # before nvcc runs
     analysis = pipeline.analyze(args.file, path=True)
-    _build(analysis, _sizes(analysis.program, args.shape) if args.shape else None, args.jobs)
+    sizes = _sizes(analysis.program, args.shape) if args.shape else None
+    for lib in bundle_build.build(analysis, args.file, sizes, rows, args.jobs, target):
+        print(f"built {lib}")
     return 0
+
+
+def _rows(text: str) -> list[int]:
+    try:
+        rows = [int(part) for part in text.split(",")]
+    except ValueError:
+        rows = []
+    if not rows or any(not 1 <= m <= 1 << 31 for m in rows):
+        raise error("E801", f"--rows {text!r}: expected row counts separated by commas, e.g. --rows 64,8192")
+    return rows
 
 
 def _build(analysis, sizes, jobs) -> None:

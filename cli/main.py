@@ -75,6 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("file", metavar="FILE")
     c.add_argument("--shape", help="sizes, to pick tile configurations (default: a large-M configuration)")
     c.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
+    c.add_argument("--rows", metavar="M1,M2", help="build the configurations of these row counts, e.g. 64,8192 "
+                   "(with --shape: its other sizes)")
+    c.add_argument("--bundle", metavar="DIR", help="also copy the kernels into DIR, a bundle a model can ship "
+                   "(EPIC_BUNDLE=DIR serves them; README, Shipping prebuilt kernels)")
 
     c = sub.add_parser("tune", help=COMMANDS["tune"], description=COMMANDS["tune"])
     c.add_argument("file", metavar="FILE")

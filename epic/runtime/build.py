@@ -2,7 +2,8 @@
 
 A kernel's shared library lives at $EPIC_CACHE_DIR (default ~/.cache/epic)/<key>/<name>.so, where
 the key hashes the source, the flags, and the nvcc and CUTLASS versions (layout and validation in
-cache.py). EPIC_NO_BUILD=1 makes a missing or damaged kernel an error (E704) instead of an nvcc run
+cache.py); bundles of prebuilt kernels (EPIC_BUNDLE, bundle.py) are looked in first and never
+built into. EPIC_NO_BUILD=1 makes a missing or damaged kernel an error (E704) instead of an nvcc run
 (for machines that only use prebuilt kernels). Two processes building the same kernel do not
 collide: a lock file serializes them and the library appears by an atomic rename, after a check that
 it is a whole shared object with epic's exports. A damaged entry is rebuilt, never loaded.
@@ -30,7 +31,7 @@ from pathlib import Path
 from .. import envflags
 from ..codegen.unit import Unit  # noqa: F401  (public: build.Unit)
 from ..diagnostics import Diagnostic, EpicError
-from . import cache, nvcc_split
+from . import bundle, cache, nvcc_split
 from .cache import cache_dir  # noqa: F401  (public: build.cache_dir)
 
 _STAGES = "Stages set to value 2 or more"     # CUTLASS's static_assert when the mainloop gets < 2 stages (E217)
@@ -107,17 +108,41 @@ def flags_for(unit: Unit) -> list[str]:
 
 
 def cache_key(unit: Unit, exe: str) -> str:
+    return unit_key(unit, nvcc_version(exe), cutlass_paths()[0] if unit.uses_cutlass else "-")
+
+
+def unit_key(unit: Unit, nvcc: str, cutlass: str) -> str:
     h = hashlib.sha256()
-    for part in (unit.source, " ".join(BASE_FLAGS), nvcc_version(exe), CODEGEN_VERSION,
-                 cutlass_paths()[0] if unit.uses_cutlass else "-"):
+    for part in (unit.source, " ".join(BASE_FLAGS), nvcc, CODEGEN_VERSION, cutlass if unit.uses_cutlass else "-"):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:24]
 
 
 def library_path(unit: Unit) -> Path:
+    """The kernel's library: a bundle's (EPIC_BUNDLE, runtime/bundle.py) that passes the cache's
+    checks, else its place in the cache."""
+    return bundled(unit) or cache_path(unit)
+
+
+def cache_path(unit: Unit) -> Path:
     exe = nvcc_path()
     return cache_dir() / cache_key(unit, exe) / f"{_safe(unit.name)}.so"
+
+
+def bundled(unit: Unit) -> Path | None:
+    """The kernel's library in a bundle, or None. Without nvcc (or CUTLASS's headers) here to compute
+    its key with, under the versions each bundle was built with: a machine that only runs kernels."""
+    if not bundle.roots():
+        return None
+    name = f"{_safe(unit.name)}.so"
+    try:
+        key = cache_key(unit, nvcc_path())
+    except EpicError as e:
+        if e.diagnostics[0].code != "E705":
+            raise
+        return bundle.find_built_elsewhere(name, lambda nvcc, cutlass: unit_key(unit, nvcc, cutlass))
+    return bundle.find(key, name)
 
 
 def _safe(name: str) -> str:
@@ -212,8 +237,11 @@ def stop_all() -> None:
 
 
 def build_one(unit: Unit, split: bool = True) -> Path:
+    found = bundled(unit)
+    if found is not None:                       # never built into: a bundle is read-only
+        return found
     exe = nvcc_path()
-    target = library_path(unit)
+    target = cache_path(unit)
     if target.parent.is_symlink():              # epic makes none: it would serve or write files elsewhere
         raise EpicError(Diagnostic("E704", f"the cache entry {target.parent} is a symbolic link, not a directory",
                                    None, "`epic cache --prune` removes such links (never what they point at)"))
@@ -222,6 +250,8 @@ def build_one(unit: Unit, split: bool = True) -> Path:
         return target
     if envflags.enabled("EPIC_NO_BUILD"):
         what = "is not in the cache" if why == cache.MISSING else f"is damaged in the cache ({why}): {target}"
+        bundles = ", ".join(str(r) for r in bundle.roots())
+        what += f" nor in a bundle ({bundles})" if bundles else ""
         raise EpicError(Diagnostic("E704", f"kernel '{unit.name}' {what} ({cache_dir()}) and EPIC_NO_BUILD is set",
                                    None, "build it first with `epic build` or unset EPIC_NO_BUILD"))
     check_paths(unit, exe, target)
