@@ -198,6 +198,15 @@ def test_a_fifo_in_a_bundle_is_refused_without_blocking(fake, capsys, tmp_path, 
     assert not build.library_path(u).is_relative_to(out)
 
 
+def test_every_bundle_of_the_list_is_looked_in(fake, capsys, tmp_path, monkeypatch):
+    prog, out = make_bundle(fake, capsys, tmp_path)
+    fresh_machine(fake, monkeypatch, tmp_path, out)
+    (tmp_path / "empty-bundle").mkdir()
+    monkeypatch.setenv("EPIC_BUNDLE", f"{tmp_path / 'empty-bundle'}{os.pathsep}{out}")
+    (u,) = plain_units(prog)
+    assert build.library_path(u) == only_library(out)
+
+
 def test_a_bundle_that_is_not_a_directory_is_E706(fake, tmp_path, monkeypatch):
     monkeypatch.setenv("EPIC_BUNDLE", str(tmp_path / "missing"))
     assert "E706" in str(pytest.raises(EpicError, build.library_path, unit()).value)
@@ -209,6 +218,7 @@ def test_a_bundle_that_is_not_a_directory_is_E706(fake, tmp_path, monkeypatch):
     (lambda p: (p.mkdir(), (p / "notes.txt").write_text("mine")), "holds no epic-bundle.json"),
     (lambda p: (p.mkdir(), (p / bundle.INDEX).write_text("[]")), "not a bundle index"),
     (lambda p: p.symlink_to(p.parent), "symbolic link"),
+    (lambda p: (p.mkdir(), os.mkfifo(p / bundle.INDEX)), "not a bundle index"),     # refused, not read
 ])
 def test_a_bad_bundle_path_is_E801_before_nvcc_runs(fake, capsys, tmp_path, setup, words):
     prog = program_file(tmp_path)
