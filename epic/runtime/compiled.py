@@ -19,7 +19,7 @@ from ..codegen import emit
 from ..diagnostics import EpicError, error
 from ..ir.core import Tensor
 from ..plan import planner
-from . import binding, build, custom_op, derived, fastcall, graphs, loader
+from . import background, binding, build, custom_op, derived, fastcall, graphs, loader
 from . import tuning_db as database
 from .validate import check_dtype, signature, validate
 
@@ -123,6 +123,8 @@ class CompiledProgram:
         self._fast_bound: dict[int, binding.Bound] = {}   # its plan ids -> bound plans
         self._derived_specs = derived.specs(self.program)    # tensors computed from weights before the kernels
         self._derived = derived.Cache()
+        self._builds = background.Builds()              # EPIC_BUILD_IN_BACKGROUND's builds
+        self._waiting: dict[tuple, tuple] = {}           # their signatures -> (configuration key, configs)
 
     # ------------------------------------------------------------------ information
     @property
@@ -216,6 +218,8 @@ class CompiledProgram:
         if bound is None:
             tensors, _, device, sizes = validate(self.program, args)
             choice = self.unfused_choice(sizes, device)
+            if choice is None and not self._kernels_ready(key, sizes, device):
+                return self.unfused(**args)         # EPIC_BUILD_IN_BACKGROUND: the kernels are being built
             if choice is not None:
                 bound = self._bound[key] = _Unfused(choice == "compiled")
             else:
@@ -253,6 +257,17 @@ class CompiledProgram:
             if self._fast is not None:
                 self._fast_bound[fastcall.register(self._fast, bound, tensors, self._tensor_names,
                                                    [t.name for t in self._scalar_inputs])] = bound
+
+    def _kernels_ready(self, signature: tuple, sizes: dict[str, int], device) -> bool:
+        """Whether this call's kernels can be bound now: always, unless EPIC_BUILD_IN_BACKGROUND is set
+        and they are not built (runtime/background.py starts their build, once)."""
+        if not background.enabled():
+            return True
+        if signature not in self._waiting:
+            plan = self.plan(sizes, device)
+            self._waiting[signature] = (tuple(sorted((k, str(c)) for k, c in plan.configs.items())), plan.configs)
+        key, configs = self._waiting[signature]
+        return key in self._libraries or self._builds.ready(key, lambda: [u for _, u in emit.units(self.program, configs)])
 
     def _bind(self, sizes: dict[str, int], device) -> binding.Bound:
         plan = self.plan(sizes, device)
