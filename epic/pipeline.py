@@ -11,7 +11,6 @@ import os
 from dataclasses import dataclass, field
 
 from .checks import layout, locality
-from .deep import run_deep
 from .diagnostics import EpicError, error
 from .frontend import sources
 from .frontend.lower import load_program
@@ -64,10 +63,6 @@ def analyze(path_or_text: str, run_passes: bool = True, stop_after: str | None =
     if not isinstance(path_or_text, str):
         raise error("E802", f"a program is a path or the program's text, not {type(path_or_text).__name__}", None,
                     'e.g. epic.compile("model.epi") or epic.compile(pathlib.Path("model.epi"))')
-    return run_deep(_analyze, path_or_text, run_passes, stop_after, name, path)
-
-
-def _analyze(path_or_text, run_passes, stop_after, name, path=None) -> Analysis:
     program = lower(path_or_text, name, path)
     static = layout.check_static(program)
     if static:

@@ -18,7 +18,7 @@ from .conftest import ROOT
 
 # layer of each module (by dotted prefix; the longest prefix wins), lowest first
 LAYERS = [
-    ("epic.diagnostics", 0), ("epic.dtypes", 0), ("epic.shapes", 0), ("epic.layouts", 0), ("epic.deep", 0),
+    ("epic.diagnostics", 0), ("epic.dtypes", 0), ("epic.shapes", 0), ("epic.layouts", 0), ("epic.trampoline", 0),
     ("epic.envflags", 0), ("epic.version", 0), ("epic.lazy", 0),
     ("epic.ir", 1), ("epic.sizes", 1),
     ("epic.frontend", 2),

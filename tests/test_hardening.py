@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import epic
-from epic import deep, diagnostics, envflags, pipeline, reference
+from epic import diagnostics, envflags, pipeline, reference
 from epic.codegen import cxx, emit
 from epic.frontend import exprs
 from epic.diagnostics import EpicError
@@ -408,17 +408,14 @@ def test_large_programs_compile(name, tmp_path):
 @pytest.mark.parametrize("name", ["lets1000", "minus1000", "nested300", "sum3000"])
 def test_code_generation_does_not_recurse_per_level(name):
     """Code generation walks the IR without recursion: it runs here on the ordinary stack with a
-    recursion limit of 300, below the program's depth (the front end's parser does recurse; it runs
-    on epic's deep stack, see epic/deep.py)."""
+    recursion limit of 300, below the program's depth."""
     a = pipeline.analyze(BIG[name], name="t.epi")
     old = sys.getrecursionlimit()
-    deep._local.deep = True          # run_deep runs inline: no deep stack, no raised limit
     sys.setrecursionlimit(300)
     try:
         emit.units(a.program, emit.kernel_configs(a.program, emit.DEFAULT_M))
     finally:
         sys.setrecursionlimit(old)
-        deep._local.deep = False
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from pathlib import Path
 import jinja2
 
 from ..version import __version__
-from ..deep import run_deep
 from ..ir.core import Program
 from ..plan import config as config_mod
 from ..plan import planner
@@ -93,10 +92,6 @@ def kernel_configs(program: Program, m: int, overrides: dict | None = None,
 
 
 def specs(program: Program, configs: dict[str, config_mod.KernelConfig]) -> list:
-    return run_deep(_specs, program, configs)
-
-
-def _specs(program: Program, configs) -> list:
     folded = planner.folds(program, configs)
     out = []
     for k in program.kernels:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 
 from . import combine, emit, evt
-from ..deep import run_deep
 from ..diagnostics import Diagnostic, EpicError
 from ..plan import planner
 
@@ -61,7 +60,7 @@ def refusals(program, source_program=None) -> list[Diagnostic]:
         configs = emit.kernel_configs(program, m)
         for k in program.kernels:
             try:
-                run_deep(_lower, program, k, configs)
+                _lower(program, k, configs)
             except EpicError as e:
                 for d in e.diagnostics:
                     key = (d.code, d.message, str(d.span))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 
-from .. import dtypes
+from .. import dtypes, trampoline
 from ..diagnostics import Span, error
 from ..ir import primitives as P
 from ..ir.core import Value, const, make
@@ -55,23 +55,31 @@ class ExprLowering:
         return const(int(x) if is_int else x, dtypes.I32 if is_int else dtypes.F32, span, origin=self.origin)
 
     # ------------------------------------------------------------------ expressions
-    def expr(self, e, env: dict[str, Value]) -> Value:
+    # A chain of 20,000 terms must not need 20,000 Python frames: each syntax node is lowered by a
+    # generator (`expr`) that yields the generators for its operands (see epic/trampoline.py).
+    def value(self, e, env: dict[str, Value]) -> Value:
+        """The Value of expression e in env."""
+        return trampoline.run(self.expr(e, env))
+
+    def expr(self, e, env: dict[str, Value]):
+        """Lowers one syntax node: a generator for trampoline.run (see `value`)."""
         if isinstance(e, ast.Num):
             return self._number(e)
         if isinstance(e, ast.Name):
             return self._name(e, env)
         if isinstance(e, ast.Neg):
-            x = self.expr(e.operand, env)
+            x = yield self.expr(e.operand, env)
             if P.is_literal(x):
                 return self.const(-x.attrs["value"], self.span(e), x.dtype.is_int)
             return self.make("neg", (x,), {}, self.span(e))
         if isinstance(e, ast.Pow):
-            return self._pow(e, env)
+            return (yield from self._pow(e, env))
         if isinstance(e, ast.BinOp):
-            a, b = self.expr(e.lhs, env), self.expr(e.rhs, env)
+            a = yield self.expr(e.lhs, env)
+            b = yield self.expr(e.rhs, env)
             return self.make(e.op, (a, b), {}, self.span(e))
         if isinstance(e, ast.Call):
-            return self._call(e, env)
+            return (yield from self._call(e, env))
         raise AssertionError(f"unknown syntax node {e!r}")
 
     def _number(self, e: ast.Num) -> Value:
@@ -104,25 +112,25 @@ class ExprLowering:
         raise error("E201", f"unknown name '{e.id}'", span, suggest(e.id, list(env) + self.scope.names()) or
                     f"declare it (in {e.id}: bf16[M, N]) or bind it (h = ...) before this line")
 
-    def _pow(self, e: ast.Pow, env) -> Value:
-        x = self.expr(e.base, env)
-        p = self.int_literal(e.exponent, env, "the exponent",
-                             "only integer powers are built in; write exp(y * log(x)) for others")
+    def _pow(self, e: ast.Pow, env):
+        x = yield self.expr(e.base, env)
+        p = yield from self.int_literal(e.exponent, env, "the exponent",
+                                        "only integer powers are built in; write exp(y * log(x)) for others")
         if abs(p) > 64:
             raise error("E212", f"exponent {p} is too large (|p| <= 64)", e.exponent.span,
                         "write exp(n * log(x)) for larger powers of a positive x")
         return self.make("powi", (x,), {"exp": p}, self.span(e))
 
-    def int_literal(self, e, env, what: str, hint: str) -> int:
-        v = self.expr(e, env)
+    def int_literal(self, e, env, what: str, hint: str):
+        v = yield self.expr(e, env)
         if not P.is_literal(v) or not v.dtype.is_int:
             raise error("E212", f"{what} must be an integer literal", getattr(e, "span", None), hint)
         return int(v.attrs["value"])
 
-    def _call(self, e: ast.Call, env) -> Value:
+    def _call(self, e: ast.Call, env):
         f, span = e.func, self.span(e)
         if f in self.scope.defs:
-            return self._inline(e, env)
+            return (yield from self._inline(e, env))
         c = P.call(f)
         if c is None:
             if f in env or f in P.KEYWORDS or f in self.scope.names():
@@ -133,10 +141,13 @@ class ExprLowering:
                         "`epic ops` lists the built-in functions; `def` defines new ones")
         self._arity(e, c.arity, f"{f}({', '.join(['x', 'y', 'z'][:c.primitive.arity] + list(c.literal_args))})")
         n = c.primitive.arity
-        args = tuple(self.expr(a, env) for a in e.args[:n])
+        args = []
+        for a in e.args[:n]:
+            args.append((yield self.expr(a, env)))
+        args = tuple(args)
         attrs = dict(c.attrs)
         for name, a in zip(c.literal_args, e.args[n:]):
-            value = self.int_literal(a, env, f"the {name} size", f"e.g. {f}(x, 128)")
+            value = yield from self.int_literal(a, env, f"the {name} size", f"e.g. {f}(x, 128)")
             if value <= 0:
                 raise error("E212", f"the {name} size must be positive", a.span, f"e.g. {f}(x, 128)")
             attrs[name] = value
@@ -161,7 +172,7 @@ class ExprLowering:
                         f"call it as {signature} (`epic ops` lists every built-in function)")
 
     # ------------------------------------------------------------------ definitions
-    def _inline(self, e: ast.Call, env) -> Value:
+    def _inline(self, e: ast.Call, env):
         d = self.scope.defs[e.func]
         span = self.span(e)
         if any(name == d.name for name, _ in self.call_stack):
@@ -175,14 +186,14 @@ class ExprLowering:
         bound: dict[str, Value] = {}
         spans: dict[str, Span] = {}
         for p, a in zip(d.params, e.args):
-            bound[p.name], spans[p.name] = self.expr(a, env), a.span
+            bound[p.name], spans[p.name] = (yield self.expr(a, env)), a.span
         for key, a in e.kwargs.items():
             if key not in names:
                 raise error("E203", f"{d.name} has no parameter '{key}'", e.kwarg_spans[key], signature)
             if key in bound:
                 raise error("E203", f"argument '{key}' given twice", e.kwarg_spans[key],
                             f"{signature}: '{key}' is already given by position")
-            bound[key], spans[key] = self.expr(a, env), a.span
+            bound[key], spans[key] = (yield self.expr(a, env)), a.span
         for p in d.params:
             if p.kind and p.name in bound and bound[p.name].kind.value != p.kind:
                 got = bound[p.name].shape.describe()
@@ -199,7 +210,7 @@ class ExprLowering:
                 if p.name not in bound:
                     if p.default is None:
                         raise error("E203", f"{d.name} needs argument '{p.name}'", span, signature)
-                    bound[p.name] = self.expr(p.default, {})
+                    bound[p.name] = yield self.expr(p.default, {})
             key = (d.name, tuple(bound[n].id for n in names), self.origin if outermost else None)
             if key in self.inlined:
                 return self.inlined[key]
@@ -208,8 +219,8 @@ class ExprLowering:
                 if let.name in local:
                     raise error("E202", f"'{let.name}' is assigned twice in '{d.name}'", let.span,
                                 "values are immutable: pick a new name")
-                local[let.name] = self.expr(let.expr, local)
-            result = self.expr(d.result, local)
+                local[let.name] = yield self.expr(let.expr, local)
+            result = yield self.expr(d.result, local)
             self.inlined[key] = result
             return result
         finally:

@@ -297,7 +297,7 @@ class _KernelBuilder:
                 self.low.declare_input(stmt)
             elif isinstance(stmt, ast.Let):
                 self._bind(stmt.name, stmt.span)
-                v = self.exprs.expr(stmt.expr, self.env)
+                v = self.exprs.value(stmt.expr, self.env)
                 if v.name is None:
                     v.name = stmt.name
                 self.env[stmt.name] = v
@@ -319,7 +319,7 @@ class _KernelBuilder:
 
     def _store(self, s: ast.Store) -> None:
         dt = self.low.dtype(s.type)
-        v = self.exprs.expr(s.expr, self.env)
+        v = self.exprs.value(s.expr, self.env)
         try:
             check_storable(dt, v.shape, v.kind is Kind.SCALAR and depends_on_whole_reduce(v))
         except TypeRuleError as e:

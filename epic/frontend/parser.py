@@ -71,27 +71,56 @@ def parse(text: str, name: str = "<string>") -> ast.Module:
         raise EpicError(Diagnostic("E105", f"the program nests more than {MAX_DEPTH} levels deep", span,
                                    "split the expression into named values (h = ...)"))
     try:
-        return ast.Module(source, _ToAst(source).transform(tree).children)
+        return ast.Module(source, _transform(_ToAst(source), tree).children)
     except lark.exceptions.VisitError as e:   # a diagnostic raised inside a transformer callback
         if isinstance(e.orig_exc, EpicError):
             raise e.orig_exc from None
         raise
 
 
-# Deeper syntax trees than this are refused: a real program (a sum of thousands of terms, hundreds
-# of nested calls) stays far below it, and everything after parsing walks at most this deep.
+# Programs nesting deeper than this are refused (docs/LANGUAGE.md): a real program (hundreds of
+# nested calls) stays far below it. Every walk is iterative, so this is a limit on what is sensible,
+# not on Python's stack.
 MAX_DEPTH = 4000
+# A left operand continues its operator's chain (a + b + c is add(add(a, b), c)): no new level, so
+# a sum of any number of terms is one level deep. Argument lists are no level of their own.
+_CHAINS = frozenset({"add", "sub", "mul", "div", "dim_mul", "dim_div"})
+_WRAPPERS = frozenset({"args", "kwarg"})
 
 
 def _depth(tree) -> tuple[int, "lark.Tree"]:
-    """The depth of a lark tree and its deepest node, without recursion."""
+    """The nesting depth of a lark tree and its deepest node, without recursion."""
     best, deepest, stack = 0, tree, [(tree, 1)]
     while stack:
         node, d = stack.pop()
         if d > best:
             best, deepest = d, node
-        stack.extend((c, d + 1) for c in node.children if isinstance(c, lark.Tree))
+        for i, c in enumerate(node.children):
+            if isinstance(c, lark.Tree):
+                free = node.data in _WRAPPERS or (i == 0 and node.data in _CHAINS)
+                stack.append((c, d if free else d + 1))
     return best, deepest
+
+
+def _transform(transformer: Transformer, tree: lark.Tree):
+    """transformer.transform(tree) without recursion: callbacks run bottom-up, left to right, as in
+    lark's own (recursive) walk, which a 20,000-term sum would take past Python's recursion limit."""
+    results: list = []                 # transformed nodes, children before their parent
+    stack = [(tree, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if not isinstance(node, lark.Tree):
+            is_token = transformer.__visit_tokens__ and isinstance(node, lark.Token)
+            results.append(transformer._call_userfunc_token(node) if is_token else node)
+        elif not children_done:
+            stack.append((node, True))
+            stack.extend((c, False) for c in reversed(node.children))
+        else:
+            n = len(node.children)
+            children = [c for c in results[len(results) - n:] if c is not lark.visitors.Discard]
+            del results[len(results) - n:]
+            results.append(transformer._call_userfunc(node, children))
+    return results[0]
 
 
 class _ToAst(Transformer):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import trampoline
 from ..ir import primitives as P
 from ..ir.core import Value
 from ..shapes import Kind
@@ -41,6 +42,11 @@ class Term:
 
 
 def expand(v: Value, dep: dict) -> list[Term]:
+    """v as a sum of terms (raises NotAffine); a chain of thousands of sums walks without recursion."""
+    return trampoline.run(_expand(v, dep))
+
+
+def _expand(v: Value, dep: dict):
     if v.id not in dep:
         return [Term(1, [], [(v, 1)])]
     if v.kind in (Kind.COL, Kind.SCALAR):
@@ -50,26 +56,28 @@ def expand(v: Value, dep: dict) -> list[Term]:
                            "matrix product ((x * c[col]) @ W != c * (x @ W))")
     algebra = P.prim(v.op).algebra
     if algebra == "sum":
-        left, right = expand(v.args[0], dep), expand(v.args[1], dep)
+        left = yield _expand(v.args[0], dep)
+        right = yield _expand(v.args[1], dep)
         if P.prim(v.op).operator == "-":       # a - b
             right = [Term(-t.sign, t.coef, t.local) for t in right]
         return _bounded(left + right, v)
     if algebra == "negation":
-        return [Term(-t.sign, t.coef, t.local) for t in expand(v.args[0], dep)]
+        return [Term(-t.sign, t.coef, t.local) for t in (yield _expand(v.args[0], dep))]
     if algebra == "product":
         out = [Term(1, [], [])]
         for a in v.args:
-            out = _bounded([x.times(y) for x in out for y in expand(a, dep)], v)
+            terms = yield _expand(a, dep)
+            out = _bounded([x.times(y) for x in out for y in terms], v)
         return out
     if algebra in ("quotient", "power"):
-        base = expand(v.args[1] if algebra == "quotient" else v.args[0], dep)
+        base = yield _expand(v.args[1] if algebra == "quotient" else v.args[0], dep)
         if len(base) != 1:
             raise NotAffine(v, "it divides by (or raises to a power) a sum that carries the reduction")
         p = -1 if algebra == "quotient" else v.attrs["exp"]
         inv = base[0].power(p)
         if algebra == "power":
             return [inv]
-        return [t.times(inv) for t in expand(v.args[0], dep)]
+        return [t.times(inv) for t in (yield _expand(v.args[0], dep))]
     raise NotAffine(v, f"the reduction reaches it through `{v.op}`, which is neither a product nor a sum; "
                        "(r * x) @ W = r * (x @ W) holds only when r multiplies the whole row")
 

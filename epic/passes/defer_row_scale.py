@@ -43,34 +43,36 @@ class _NotLinear(Exception):
 
 
 def _flatten(v: Value, dep: dict, exp: int, out: list, sign: list) -> None:
-    """Collect the factors of a product tree: (value, exponent) pairs; a sign flip for neg."""
-    if v.id not in dep:        # tile-local factor: keep it whole
-        out.append((v, exp))
-        return
-    algebra = P.prim(v.op).algebra
-    if algebra == "product":
-        for a in v.args:
-            _flatten(a, dep, exp, out, sign)
-        return
-    if algebra == "quotient":
-        _flatten(v.args[0], dep, exp, out, sign)
-        _flatten(v.args[1], dep, -exp, out, sign)
-        return
-    if algebra == "negation":
-        sign[0] = -sign[0]
-        _flatten(v.args[0], dep, exp, out, sign)
-        return
-    if algebra == "power" and v.kind is not Kind.COL:      # (r * x) ** p = r ** p * x ** p
-        _flatten(v.args[0], dep, exp * v.attrs["exp"], out, sign)
-        return
-    if v.kind is Kind.COL or v.kind is Kind.SCALAR:
-        out.append((v, exp))    # a row-constant factor that needs a reduction: the scale
-        return
-    if v.kind is Kind.ROW:
-        raise _NotLinear(v, "it is a per-column statistic; only a per-row scale commutes with the right "
-                            "matrix product ((x * c[col]) @ W != c * (x @ W))")
-    raise _NotLinear(v, f"the reduction reaches it through `{v.op}`, which is not a product; "
-                        "(r * x) @ W = r * (x @ W) holds only when r multiplies the whole row")
+    """Collect the factors of a product tree: (value, exponent) pairs; a sign flip for neg. Walks
+    with an explicit stack (a product of thousands of factors), left to right as recursion would."""
+    stack = [(v, exp)]
+    while stack:
+        v, exp = stack.pop()
+        if v.id not in dep:        # tile-local factor: keep it whole
+            out.append((v, exp))
+            continue
+        algebra = P.prim(v.op).algebra
+        if algebra == "product":
+            stack.extend((a, exp) for a in reversed(v.args))
+            continue
+        if algebra == "quotient":
+            stack += [(v.args[1], -exp), (v.args[0], exp)]
+            continue
+        if algebra == "negation":
+            sign[0] = -sign[0]
+            stack.append((v.args[0], exp))
+            continue
+        if algebra == "power" and v.kind is not Kind.COL:      # (r * x) ** p = r ** p * x ** p
+            stack.append((v.args[0], exp * v.attrs["exp"]))
+            continue
+        if v.kind is Kind.COL or v.kind is Kind.SCALAR:
+            out.append((v, exp))    # a row-constant factor that needs a reduction: the scale
+            continue
+        if v.kind is Kind.ROW:
+            raise _NotLinear(v, "it is a per-column statistic; only a per-row scale commutes with the right "
+                                "matrix product ((x * c[col]) @ W != c * (x @ W))")
+        raise _NotLinear(v, f"the reduction reaches it through `{v.op}`, which is not a product; "
+                            "(r * x) @ W = r * (x @ W) holds only when r multiplies the whole row")
 
 
 def _called(v: Value) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from .. import trampoline
 from ..ir import primitives as P
 from ..ir.core import Store, Value, const, topo_order
 from ..shapes import Kind
@@ -69,7 +70,12 @@ def _same(a: Factors, b: Factors) -> bool:
 
 
 def _pull(v: Value, dep: set[int], memo: dict) -> tuple[Value | None, Factors]:
-    """v = rest * prod(factors): rest free of block values (None: 1), factors block values."""
+    """v = rest * prod(factors): rest free of block values (None: 1), factors block values. Walks
+    without recursion (a product of thousands of factors): see epic/trampoline.py."""
+    return trampoline.run(_pull_walk(v, dep, memo))
+
+
+def _pull_walk(v: Value, dep: set[int], memo: dict):
     if v.id not in dep:
         return v, ()
     if v.kind is Kind.BLOCK:
@@ -77,7 +83,9 @@ def _pull(v: Value, dep: set[int], memo: dict) -> tuple[Value | None, Factors]:
     if v.id in memo:
         return memo[v.id]
     p = P.prim(v.op)
-    parts = [_pull(a, dep, memo) for a in v.args]
+    parts = []
+    for a in v.args:
+        parts.append((yield _pull_walk(a, dep, memo)))
     if p.algebra == "product":
         rests = [r for r, _ in parts if r is not None]
         rest = rests[0]
