@@ -78,6 +78,18 @@ def test_deep_programs_go_through_every_stage(name, tmp_path, capsys, own_stack)
     assert main(["check", str(path)]) == 0, capsys.readouterr().err[-2000:]
 
 
+def test_a_long_chain_of_libraries(tmp_path, own_stack):
+    """Each library uses the next: definitions are collected without recursing per file."""
+    n = 1500
+    for i in range(n):
+        (tmp_path / f"lib{i}.epi").write_text(f'use "lib{i + 1}.epi"\ndef step{i}(x) = step{i + 1}(x) * 0.5\n')
+    (tmp_path / f"lib{n}.epi").write_text(f"def step{n}(x) = tanh(x)\n")
+    main_file = tmp_path / "main.epi"
+    main_file.write_text('use "lib0.epi"\n' + body("step0(acc)"))
+    a = pipeline.analyze(main_file)
+    assert len(a.program.kernels[0].values) > n          # every definition inlined
+
+
 def test_a_row_scale_deferred_through_a_long_sum_is_a_diagnostic(own_stack):
     """Distributing a row scale over 3,000 terms walks the sum (passes/affine_terms.py) and refuses it."""
     text = NORM + "  tmp n: bf16 = " + " + ".join(["acc * r"] * 3000) + "\n}\n" + NEXT

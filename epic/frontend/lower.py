@@ -82,11 +82,17 @@ class Lowering:
                         "a program is one or more `gemm NAME(A @ B) { ... }` blocks")
         return Program(self.module.source.name, self.tensors, self.kernels, list(self.dims))
 
-    def _collect_defs(self, module: ast.Module, into: dict, visiting: set, base_dir: str | None = None) -> None:
-        """The definitions of a module and of what it imports; a `use` is relative to its own file."""
-        base_dir = self.base_dir if base_dir is None else base_dir
-        for item in module.items:
-            if isinstance(item, ast.Use):
+    def _collect_defs(self, module: ast.Module, into: dict, visiting: set) -> None:
+        """The definitions of a module and of what it imports, in the order a depth-first walk meets
+        them; a `use` is relative to its own file. Keeps its own stack: a chain of a thousand
+        libraries each using the next needs no Python recursion."""
+        stack, done = [(iter(module.items), self.base_dir)], object()
+        while stack:
+            items, base_dir = stack[-1]
+            item = next(items, done)
+            if item is done:
+                stack.pop()
+            elif isinstance(item, ast.Use):
                 path = item.path if os.path.isabs(item.path) else os.path.join(base_dir, item.path)
                 key = os.path.abspath(path)
                 if key in visiting:
@@ -97,7 +103,7 @@ class Lowering:
                     if isinstance(it, (ast.Gemm, ast.InDecl)):
                         raise error("E202", f"'{item.path}' may only hold definitions (def) and use lines", it.span,
                                     "move gemms and inputs into the program that imports the library")
-                self._collect_defs(sub, into, visiting, os.path.dirname(os.path.abspath(path)))
+                stack.append((iter(sub.items), os.path.dirname(os.path.abspath(path))))
             elif isinstance(item, ast.Def):
                 if item.name in into:
                     raise error("E202", f"'{item.name}' is defined twice", item.span,
