@@ -2,8 +2,8 @@
 
 Dynamic per-token quantization (`tmp q: i8 = a / s` with `s = row_amax(a) / 127`) needs every column
 of a row before any element can be stored. A per-row scale cannot be moved across such a store:
-rounding to 8 or 4 bits and saturating is not linear, so `i8(a / s) * s != i8(a) ...` and the
-row-scale deferral would store `i8(a * 127)`, saturated wherever |a| > 1. Instead, the plan does what
+rounding to 8 or 4 bits and saturating is not linear (`i8(r * a) != r * i8(a)`), and the row-scale
+deferral would store `i8(a * 127)`, saturated wherever |a| > 1. Instead, the plan does what
 users do by hand: the gemm stores the unquantized tile-local value (in its own dtype, so nothing is
 rounded that the source does not round) and the row partials; the row combine kernel merges the
 statistic and, one warp per row, reads that value back and writes the quantized tile (and the scale).

@@ -123,7 +123,7 @@ def run(program, trace=None):
             try:
                 new_value, scale = _split(v, dep)
             except _NotLinear as e:
-                affine = _affine(v, dep, e, s, tensors, consumers, k) if P.prim(e.culprit.op).algebra == "sum" \
+                affine = _affine(v, dep, s, tensors, consumers, k) if P.prim(e.culprit.op).algebra == "sum" \
                     else None
                 if affine is not None:      # LayerNorm: a scaled tile plus scaled row vectors
                     new_value, scale, shifts = affine
@@ -202,7 +202,7 @@ def _scale_accumulator(kernel, buffer: str):
 
 
 # ---------------------------------------------------------------------------------- affine forms
-def _affine(v: Value, dep: dict, first: _NotLinear, s: Store, tensors: dict, consumers, k):
+def _affine(v: Value, dep: dict, s: Store, tensors: dict, consumers, k):
     """v as a * T + sum_j (b_j + c_j) * R_j (epic/passes/affine_terms.py): (T, a or None, shifts), shifts
     a list of (b_j value or None, c_j float, vectors of R_j); None when a non-product, non-sum op
     carries the reduction (the caller reports the first refusal); E501 when the terms do not fit."""

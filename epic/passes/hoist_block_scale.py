@@ -127,30 +127,31 @@ def _one(like: Value) -> Value:
     return const(1.0, span=like.span)
 
 
-def select_form(v: Value, dep: set[int]) -> tuple[Value, int, tuple[Value, Value, bool]] | None:
-    """(c, i, root form of branch i) when v = select(c, a, b) with branch i (1 or 2) in root form
-    (y * s, y / s) and c and the other branch free of block values."""
+def _scaled_branch(v: Value, dep: set[int]) -> int | None:
+    """i (1 or 2) when v = select(c, a, b) whose branch i alone carries a block value (c and the other
+    branch free of them), else None."""
     if P.family(v.op) is not P.Family.SELECT or v.kind is not Kind.TILE or v.args[0].id in dep:
         return None
     dependent = [i for i in (1, 2) if v.args[i].id in dep]
-    if len(dependent) != 1:
-        return None
-    form = root_form(v.args[dependent[0]], dep)
-    return None if form is None else (v.args[0], dependent[0], form)
+    return dependent[0] if len(dependent) == 1 else None
+
+
+def select_form(v: Value, dep: set[int]) -> tuple[Value, int, tuple[Value, Value, bool]] | None:
+    """(c, i, root form of branch i) when v = select(c, a, b) with branch i in root form (y * s, y / s)
+    and c and the other branch free of block values."""
+    i = _scaled_branch(v, dep)
+    form = None if i is None else root_form(v.args[i], dep)
+    return None if form is None else (v.args[0], i, form)
 
 
 def _hoisted_select(v: Value, dep: set[int]) -> Value | None:
     """select(c, E[y * s], w) -> select(c, E[y] * s, w) (c and w free of block values), or None."""
-    if P.family(v.op) is not P.Family.SELECT or v.args[0].id in dep:
-        return None
-    dependent = [i for i in (1, 2) if v.args[i].id in dep]
-    if len(dependent) != 1:
-        return None
-    branch = hoisted(v.args[dependent[0]], dep)
+    i = _scaled_branch(v, dep)
+    branch = None if i is None else hoisted(v.args[i], dep)
     if branch is None:
         return None
     args = list(v.args)
-    args[dependent[0]] = branch
+    args[i] = branch
     return make(v.op, tuple(args), v.attrs, like=v, name=v.name)
 
 

@@ -9,8 +9,8 @@ computes the vector math that follows the reductions and performs the stores tha
 Vector stores that need no reduction (a scaled column vector) move there too: a gemm epilogue
 stores tiles only. A quantizing tile store that needs a row statistic (dynamic per-token
 quantization, epic/checks/row_finish.py) moves to the row combine kernel: the gemm stores the
-unquantized tile-local value into NAME__preI, and the combine kernel reads it back row by row. Buffers and kernels made here are named NAME__..., a namespace user names
-cannot enter.
+unquantized tile-local value into NAME__preI, and the combine kernel reads it back row by row.
+Buffers and kernels made here are named NAME__..., a namespace user names cannot enter.
 
 A whole-tensor reduction (all_f(x) = col_f(row_f(x)): the last step reduces a vector) takes one more
 kernel: the combine kernel that owns the vector stores it, pre-mapped (amax: abs), into a buffer of
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .. import dtypes
 from ..checks import row_finish
 from ..checks.locality import reductions_feeding, whole_reductions_feeding
 from ..dtypes import F32
@@ -140,7 +141,7 @@ def _read_back(k, s: Store, dep: dict, tensors: dict, mapped: dict) -> list[Stor
     for i, v in enumerate(row_finish.frontier(s, dep)):
         if v.id in mapped:          # shared with another finished store
             continue
-        dt = F32 if v.dtype.name in ("i4", "bool") else v.dtype      # i4 is packed: f32 holds it exactly
+        dt = F32 if v.dtype in dtypes.PACKED else v.dtype      # packed 4-bit values: f32 holds them exactly
         buf = f"{s.tensor}__pre{i}"
         tensors[buf] = Tensor(buf, dt, v.shape.dims(k.rows, k.n), "buffer", s.span, producer=k.name)
         out.append(Store(buf, v, s.span))

@@ -53,6 +53,10 @@ def nvcc_path() -> str:
     return exe
 
 
+class TimedOut(EpicError):
+    """_run's command ran past its timeout and was killed (E705)."""
+
+
 VERSION_TIMEOUT = 60.0     # seconds `nvcc --version` may take (capped by EPIC_NVCC_TIMEOUT)
 
 
@@ -61,9 +65,7 @@ def version_of(exe: str, what: str) -> subprocess.CompletedProcess:
     timeout = min(VERSION_TIMEOUT, nvcc_timeout())
     try:
         return _run([exe, "--version"], timeout)
-    except EpicError as e:
-        if "did not finish" not in e.diagnostics[0].message:
-            raise
+    except TimedOut:
         raise EpicError(Diagnostic("E705", f"`{exe} --version` did not answer in {timeout:g} s and was stopped",
                                    None, f"check the {what} at {exe}")) from None
 
@@ -205,8 +207,8 @@ def _run(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill(p)
-        raise EpicError(Diagnostic("E705", f"nvcc did not finish in {timeout:g} s and was stopped", None,
-                                   "allow more time with EPIC_NVCC_TIMEOUT=SECONDS")) from None
+        raise TimedOut(Diagnostic("E705", f"nvcc did not finish in {timeout:g} s and was stopped", None,
+                                  "allow more time with EPIC_NVCC_TIMEOUT=SECONDS")) from None
     except BaseException:                       # KeyboardInterrupt: Ctrl-C does not reach nvcc's own group
         _kill(p)
         raise
