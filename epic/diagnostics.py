@@ -3,7 +3,7 @@
 Codes are stable (tests and users rely on them):
   E1xx syntax, E2xx names and types, E3xx tile locality, E4xx layout and alignment,
   E5xx rewrites that could not legalize a program, E6xx tensors handed to a compiled program,
-  E7xx code generation and build.
+  E7xx code generation and build, E8xx the command line and files, E9xx derivatives (epic grad).
 """
 from __future__ import annotations
 
@@ -64,6 +64,9 @@ CODES = {
     "E708": "torch.compile could not compile the unfused torch form (fallback=\"compiled\")",
     "E801": "bad command-line argument (unknown pass, bad option value)",
     "E802": "the program file cannot be read (missing, a directory, not UTF-8 text, or too large)",
+    "E901": "a gradient would flow through something without a derivative (a quantizing cast or store)",
+    "E902": "--wrt names something that has no gradient (unknown, an integer tensor, a scalar, an output)",
+    "E903": "a derivative epic does not derive yet (the message says which)",
 }
 
 

@@ -72,6 +72,9 @@ class Primitive:
     reads: str | None = None            # attribute naming the tensor it reads (load, combine)
     pair_part: int | None = None        # PAIR: 0 = even columns, 1 = odd columns, None = interleave
     algebra: str | None = None          # for the scale-moving passes: product, quotient, negation, power, sum
+    # reverse-mode derivative: (b, g) -> one cotangent per operand (None: no gradient flows there), built
+    # with the epic/autodiff/builder.py helpers b (b.x(i) the operands, b.y the result); None: a leaf
+    vjp: Callable | None = None
     show: Callable = field(default=lambda attrs: "")   # attribute text in IR dumps
     doc: str = ""
 
@@ -98,6 +101,9 @@ class Reduction:
     axes: tuple[str, ...] = ("row", "col")
     block: bool = True                  # block_NAME(x, B) exists
     single: tuple[str, ...] = ("{x}",)  # C++ of one element's state (a whole-tensor combine merges elements)
+    # reverse-mode derivative: (b, g) -> the cotangent of the reduced operand b.x(0), from the cotangent
+    # g of the result b.y (broadcast back over the reduced elements)
+    vjp: Callable | None = None
     doc: str = ""
 
     @property
@@ -250,12 +256,16 @@ def _fmt_num(x) -> str:
     return repr(int(x)) if float(x) == int(x) and abs(x) < 2**53 else repr(float(x))
 
 
-def _elementwise(name, arity, ref, cxx, *, cost=1, cxx_fast=None, helpers=(), surface=(), operator=None,
+def _elementwise(name, arity, ref, cxx, *, vjp, cost=1, cxx_fast=None, helpers=(), surface=(), operator=None,
                  algebra=None, int_results=False, doc=""):
     rule = _unary_rule(name, int_results) if arity == 1 else _binary_rule(name, always_float=name == "div")
     return Primitive(name, Family.ELEMENTWISE, arity, rule, ref=ref, cxx=cxx, cxx_fast=cxx_fast,
                      cxx_helpers=tuple(helpers), surface=surface, operator=operator, cost=cost, fold=True,
-                     int_results=int_results, algebra=algebra, doc=doc)
+                     int_results=int_results, algebra=algebra, vjp=vjp, doc=doc)
+
+
+_FLAT = lambda b, g: (None,)    # piecewise constant (round, floor, sign): zero derivative almost everywhere
+_LN2 = math.log(2.0)
 
 
 # Device functions a primitive's C++ may call: printed into a generated kernel only when it calls
@@ -293,6 +303,19 @@ def _sign(xs, a):
     return torch.where(x > 0, torch.ones_like(x), torch.where(x < 0, -torch.ones_like(x), x))
 
 
+def _block_quant_rule(args, attrs):
+    x, s = args
+    if x.kind is not Kind.TILE or s.shape != Shape(Kind.BLOCK, x.shape.width, attrs["block"]):
+        raise TypeRuleError("E206", f"block_quant divides a tile by its 1x{attrs['block']} block scale, not a "
+                            f"{x.shape.describe()} by a {s.shape.describe()}")
+    return F32, x.shape
+
+
+def _block_quant_ref(xs, attrs):
+    x, s = xs       # s: one value per block of x's row (the last block may be partial)
+    return x / s.repeat_interleave(attrs["block"], dim=-1)[..., :x.shape[-1]]
+
+
 _PRIMS = [
     # ---- sources (operand-free values); their meaning needs the interpreter's context
     Primitive("acc", Family.SOURCE, 0, lambda args, attrs: (attrs.get("dtype", F32), TILE),
@@ -314,91 +337,127 @@ _PRIMS = [
 
     # ---- element-wise: unary
     _elementwise("neg", 1, lambda xs, a: -xs[0], "(-{0})", operator="-x", algebra="negation", int_results=True,
+                 vjp=lambda b, g: (b.neg(g),),
                  doc="negation"),
     _elementwise("abs", 1, lambda xs, a: xs[0].abs(), "fabsf({0})", surface=("abs",), int_results=True,
+                 vjp=lambda b, g: (b.mul(g, b.op('sign', b.x(0))),),
                  doc="absolute value"),
-    _elementwise("exp", 1, lambda xs, a: xs[0].exp(), "__expf({0})", cost=4, surface=("exp",), doc="e ** x"),
+    _elementwise("exp", 1, lambda xs, a: xs[0].exp(), "__expf({0})", cost=4, surface=("exp",), vjp=lambda b, g: (b.mul(g, b.y),),
+                 doc="e ** x"),
     _elementwise("log", 1, lambda xs, a: xs[0].log(), "logf({0})", cost=8, surface=("log",),
+                 vjp=lambda b, g: (b.div(g, b.x(0)),),
                  doc="natural logarithm (-inf at 0, nan below)"),
     _elementwise("log1p", 1, lambda xs, a: torch.log1p(xs[0]), "log1pf({0})", cost=8, surface=("log1p",),
+                 vjp=lambda b, g: (b.div(g, b.add(b.c(1.0), b.x(0))),),
                  doc="log(1 + x), accurate near 0"),
     _elementwise("expm1", 1, lambda xs, a: torch.expm1(xs[0]), "expm1f({0})", cost=8, surface=("expm1",),
+                 vjp=lambda b, g: (b.mul(g, b.add(b.y, b.c(1.0))),),
                  doc="exp(x) - 1, accurate near 0"),
     _elementwise("exp2", 1, lambda xs, a: torch.exp2(xs[0]), "exp2f({0})", cost=4, surface=("exp2",),
+                 vjp=lambda b, g: (b.mul(g, b.mul(b.y, b.c(_LN2))),),
                  doc="2 ** x (exact powers of two at integers: MX block scales)"),
     _elementwise("log2", 1, lambda xs, a: torch.log2(xs[0]), "log2f({0})", cost=8, surface=("log2",),
+                 vjp=lambda b, g: (b.div(g, b.mul(b.x(0), b.c(_LN2))),),
                  doc="base-2 logarithm (exact integers at powers of two; -inf at 0, nan below)"),
-    _elementwise("sqrt", 1, lambda xs, a: xs[0].sqrt(), "sqrtf({0})", cost=4, surface=("sqrt",), doc="square root"),
+    _elementwise("sqrt", 1, lambda xs, a: xs[0].sqrt(), "sqrtf({0})", cost=4, surface=("sqrt",), vjp=lambda b, g: (b.div(g, b.mul(b.c(2.0), b.y)),),
+                 doc="square root"),
     _elementwise("rsqrt", 1, lambda xs, a: xs[0].rsqrt(), "rsqrtf({0})", cost=4, surface=("rsqrt",),
+                 vjp=lambda b, g: (b.mul(g, b.mul(b.c(-0.5), b.op('powi', b.y, exp=3))),),
                  doc="1 / sqrt(x)"),
     _elementwise("tanh", 1, lambda xs, a: xs[0].tanh(), "epic_tanh({0})", cost=6, helpers=("epic_tanh",), surface=("tanh",),
+                 vjp=lambda b, g: (b.mul(g, b.sub(b.c(1.0), b.mul(b.y, b.y))),),
                  doc="hyperbolic tangent"),
     _elementwise("erf", 1, lambda xs, a: torch.erf(xs[0]), "erff({0})", cost=8, surface=("erf",),
+                 vjp=lambda b, g: (b.mul(g, b.mul(b.c(2.0 / math.sqrt(math.pi)), b.op('exp', b.neg(b.mul(b.x(0), b.x(0)))))),),
                  doc="error function"),
     _elementwise("sin", 1, lambda xs, a: xs[0].sin(), "epic_sin({0})", cost=6, helpers=("epic_sin",), surface=("sin",),
+                 vjp=lambda b, g: (b.mul(g, b.op('cos', b.x(0))),),
                  doc="sine (radians)"),
     _elementwise("cos", 1, lambda xs, a: xs[0].cos(), "epic_cos({0})", cost=6, helpers=("epic_cos",), surface=("cos",),
+                 vjp=lambda b, g: (b.neg(b.mul(g, b.op('sin', b.x(0)))),),
                  doc="cosine (radians)"),
     _elementwise("round", 1, lambda xs, a: torch.round(xs[0]), "rintf({0})", surface=("round",),
+                 vjp=_FLAT,
                  doc="round to the nearest integer, ties to even"),
     _elementwise("ceil", 1, lambda xs, a: torch.ceil(xs[0]), "ceilf({0})", surface=("ceil",),
+                 vjp=_FLAT,
                  doc="the smallest integer >= x"),
     _elementwise("floor", 1, lambda xs, a: torch.floor(xs[0]), "floorf({0})", surface=("floor",),
+                 vjp=_FLAT,
                  doc="the largest integer <= x"),
     _elementwise("sign", 1, _sign, "epic_sign({0})", helpers=("epic_sign",), surface=("sign",), int_results=True,
+                 vjp=_FLAT,
                  doc="-1, 0 or +1 (zero keeps its sign; nan stays nan)"),
     Primitive("powi", Family.ELEMENTWISE, 1, _unary_rule("powi", True),
               ref=lambda xs, a: _powi(xs[0], a["exp"]), cxx=_cxx_powi, operator="x ** n", fold=True,
               int_results=True, algebra="power", show=lambda a: str(a["exp"]),
+              vjp=lambda b, g: (None if b.v.attrs["exp"] == 0 else b.mul(g, b.mul(
+                  b.c(float(b.v.attrs["exp"])), b.op("powi", b.x(0), exp=b.v.attrs["exp"] - 1))),),
               doc="integer power (n an integer literal from -64 to 64)"),
 
     # ---- element-wise: binary
-    _elementwise("add", 2, lambda xs, a: xs[0] + xs[1], "({0} + {1})", operator="+", algebra="sum", doc="addition"),
+    _elementwise("add", 2, lambda xs, a: xs[0] + xs[1], "({0} + {1})", operator="+", algebra="sum", vjp=lambda b, g: (g, g),
+                 doc="addition"),
     _elementwise("sub", 2, lambda xs, a: xs[0] - xs[1], "({0} - {1})", operator="-", algebra="sum",
+                 vjp=lambda b, g: (g, b.neg(g)),
                  doc="subtraction"),
     _elementwise("mul", 2, lambda xs, a: xs[0] * xs[1], "({0} * {1})", operator="*", algebra="product",
+                 vjp=lambda b, g: (b.mul(g, b.x(1)), b.mul(g, b.x(0))),
                  doc="multiplication"),
     _elementwise("div", 2, lambda xs, a: xs[0] / xs[1], "({0} / {1})", cxx_fast="__fdividef({0}, {1})", cost=4,
-                 operator="/", algebra="quotient", doc="division (always f32)"),
+                 operator="/", algebra="quotient", vjp=lambda b, g: (b.div(g, b.x(1)), b.neg(b.div(b.mul(g, b.y), b.x(1)))),
+                 doc="division (always f32)"),
     _elementwise("min", 2, lambda xs, a: torch.fmin(xs[0], xs[1]), "fminf({0}, {1})", surface=("min",),
+                 vjp=lambda b, g: (b.where(b.cmp('le', b.x(0), b.x(1)), g), b.where(b.cmp('gt', b.x(0), b.x(1)), g)),
                  doc="the smaller operand (a NaN operand is ignored, as IEEE minNum / fminf)"),
     _elementwise("max", 2, lambda xs, a: torch.fmax(xs[0], xs[1]), "fmaxf({0}, {1})", surface=("max",),
+                 vjp=lambda b, g: (b.where(b.cmp('ge', b.x(0), b.x(1)), g), b.where(b.cmp('lt', b.x(0), b.x(1)), g)),
                  doc="the larger operand (a NaN operand is ignored, as IEEE maxNum / fmaxf)"),
 
     # ---- comparisons (bool results, usable in select)
     *[Primitive(n, Family.COMPARE, 2, _compare_rule(n), ref=r, cxx=f"({{0}} {s} {{1}})", operator=s,
-                doc=f"comparison {s}")
+                vjp=lambda b, g: (None, None), doc=f"comparison {s}")
       for n, s, r in (("eq", "==", lambda xs, a: xs[0] == xs[1]), ("ne", "!=", lambda xs, a: xs[0] != xs[1]),
                       ("lt", "<", lambda xs, a: xs[0] < xs[1]), ("le", "<=", lambda xs, a: xs[0] <= xs[1]),
                       ("gt", ">", lambda xs, a: xs[0] > xs[1]), ("ge", ">=", lambda xs, a: xs[0] >= xs[1]))],
     Primitive("select", Family.SELECT, 3, _select_rule, ref=lambda xs, a: torch.where(xs[0], xs[1], xs[2]),
-              cxx="({0} ? {1} : {2})", surface=("select",), doc="select(cond, a, b): a where cond holds, else b"),
+              cxx="({0} ? {1} : {2})", surface=("select",),
+              vjp=lambda b, g: (None, b.where(b.x(0), g), b.where(b.x(0), None, g)), doc="select(cond, a, b): a where cond holds, else b"),
 
     # ---- casts: surface names are the dtype names (f32(x), bf16(x), e4m3(x), ...)
     Primitive("cast", Family.CAST, 1, _cast_rule, ref=lambda it, v, xs: it.round(xs[0], v.attrs["to"]),
-              context=True, show=lambda a: str(a["to"]),
+              context=True, show=lambda a: str(a["to"]), vjp=lambda b, g: (b.through_rounding(g),),
               doc="round to a dtype: fp8 and integer casts saturate, integers round half to even"),
 
     # ---- pairwise maps over adjacent columns
     Primitive("even", Family.PAIR, 1, _pair_rule("even", 0), ref=lambda it, v, xs: it.pair_part(v, xs[0], 0),
-              context=True, surface=("even",), pair_part=0, cost=0, doc="columns 2k (the width halves)"),
+              context=True, surface=("even",), pair_part=0, cost=0,
+              vjp=lambda b, g: (b.op("interleave", g, b.c(0.0)),), doc="columns 2k (the width halves)"),
     Primitive("odd", Family.PAIR, 1, _pair_rule("odd", 1), ref=lambda it, v, xs: it.pair_part(v, xs[0], 1),
-              context=True, surface=("odd",), pair_part=1, cost=0, doc="columns 2k+1 (the width halves)"),
+              context=True, surface=("odd",), pair_part=1, cost=0,
+              vjp=lambda b, g: (b.op("interleave", b.c(0.0), g),), doc="columns 2k+1 (the width halves)"),
     Primitive("interleave", Family.PAIR, 2, _pair_rule("interleave", None),
               ref=lambda xs, a: torch.stack(torch.broadcast_tensors(xs[0], xs[1]), dim=-1).flatten(-2),
-              surface=("interleave",), cost=0, doc="columns a0 b0 a1 b1 ... (the width doubles)"),
+              surface=("interleave",), cost=0,
+              vjp=lambda b, g: (b.op("even", g), b.op("odd", g)) if g.shape.has_columns else (g, g), doc="columns a0 b0 a1 b1 ... (the width doubles)"),
 
     # ---- reductions; the function (sum, max, ...) is an attribute naming a Reduction below
     Primitive("reduce", Family.REDUCE, 1, _reduce_rule, ref=lambda it, v, xs: it.reduce(v, xs[0]), context=True,
-              show=lambda a: f"{a['axis']} {a['fn']}", doc="a whole row (-> column vector) or column (-> row vector)"),
+              show=lambda a: f"{a['axis']} {a['fn']}", vjp=lambda b, g: (b.reduction_vjp(g),), doc="a whole row (-> column vector) or column (-> row vector)"),
     Primitive("block_reduce", Family.BLOCK, 1, _block_rule, ref=lambda it, v, xs: it.block_reduce(v, xs[0]),
-              context=True, show=lambda a: f"{a['fn']} 1x{a['block']}", doc="each 1xB block of a row"),
+              context=True, show=lambda a: f"{a['fn']} 1x{a['block']}", vjp=lambda b, g: (b.reduction_vjp(g),),
+              doc="each 1xB block of a row"),
     Primitive("partial", Family.PARTIAL, 1, _partial_rule, ref=lambda it, v, xs: it.partial(v, xs[0]),
               context=True, show=lambda a: f"{a['axis']} {a['fn']} -> {a['buffer']}",
               doc="per-tile partials of a reduction (split-reductions)"),
     Primitive("combine", Family.COMBINE, 0, _combine_rule, ref=lambda it, v, xs: it.combine(v), context=True,
               reads="buffer", show=lambda a: f"{a['axis']} {a['fn']} <- {a['buffer']}",
               doc="partials merged in tile order (a combine kernel)"),
+    # ---- idioms as internal ops (made by passes, never written): code generation matches the op
+    Primitive("block_quant", Family.BLOCK, 2, _block_quant_rule, ref=_block_quant_ref,
+              show=lambda a: f"1x{a['block']} floor {_fmt_num(a['floor'])} qmax {_fmt_num(a['qmax'])}",
+              doc="x / s for a tile x and its 1xB block scale s = max(block_amax(x, B), floor) / qmax "
+                  "(the block-quant pass; attributes block, floor, qmax)"),
 ]
 
 PRIMITIVES: dict[str, Primitive] = {p.name: p for p in _PRIMS}
@@ -434,16 +493,24 @@ _MAX = dict(ref=lambda x, d: _ignoring_nan(x, -math.inf).amax(d, keepdim=True),
             ref_merge=lambda s, d: s.amax(d, keepdim=True), cxx_merge="{a0} = fmaxf({a0}, {x0});",
             cxx_op="cutlass::maximum")
 
+def _at_extreme(b, g):
+    # the elements equal to the max (min) get the gradient: a tie gives it to each of them (torch splits
+    # it evenly; ties have measure zero for continuous inputs)
+    return b.where(b.cmp("eq", b.x(0), b.y), g)
+
+
 REDUCTIONS: dict[str, Reduction] = {r.name: r for r in (
-    Reduction("sum", (0.0,), cxx_finalize="{a0}", doc="sum", **_SUM),
+    Reduction("sum", (0.0,), cxx_finalize="{a0}", vjp=lambda b, g: g, doc="sum", **_SUM),
     Reduction("mean", (0.0,), cxx_finalize="{a0}", by_width=True, block=False, doc="mean",
+              vjp=lambda b, g: b.div(g, b.reduced_width()),
               **dict(_SUM, ref=lambda x, d: x.mean(d, keepdim=True))),
-    Reduction("max", (-math.inf,), cxx_finalize="{a0}", doc="largest value (NaN ignored)", **_MAX),
+    Reduction("max", (-math.inf,), cxx_finalize="{a0}", vjp=_at_extreme, doc="largest value (NaN ignored)", **_MAX),
     Reduction("min", (math.inf,), ref=lambda x, d: _ignoring_nan(x, math.inf).amin(d, keepdim=True),
               ref_partial=lambda x: _ignoring_nan(x, math.inf).amin(-1),
               ref_merge=lambda s, d: s.amin(d, keepdim=True), cxx_merge="{a0} = fminf({a0}, {x0});",
-              cxx_finalize="{a0}", cxx_op="cutlass::minimum", doc="smallest value (NaN ignored)"),
+              cxx_finalize="{a0}", cxx_op="cutlass::minimum", vjp=_at_extreme, doc="smallest value (NaN ignored)"),
     Reduction("amax", (0.0,), cxx_finalize="{a0}", pre="abs",
+              vjp=lambda b, g: b.where(b.cmp("eq", b.op("abs", b.x(0)), b.y), b.mul(g, b.op("sign", b.x(0)))),
               doc="largest absolute value, max(abs(x)) (NaN ignored)",
               **dict(_MAX, ref=lambda x, d: _ignoring_nan(x.abs(), 0.0).amax(d, keepdim=True))),
     Reduction("lse", (-math.inf, 0.0), ref=lambda x, d: torch.logsumexp(x, d, keepdim=True),
@@ -452,6 +519,7 @@ REDUCTIONS: dict[str, Reduction] = {r.name: r for r in (
                          "{a1} = ({a0} == -INFINITY ? 0.f : {a1} * __expf({a0} - m_)) "
                          "+ ({x0} == -INFINITY ? 0.f : {x1} * __expf({x0} - m_)); {a0} = m_; }}"),
               cxx_finalize="({a0} + logf({a1}))", single=("{x}", "1.f"),
+              vjp=lambda b, g: b.mul(g, b.op("exp", b.sub(b.x(0), b.y))),
               doc="log-sum-exp, merged online from (max, sum of exp(x - max)) pairs"),
 )}
 
