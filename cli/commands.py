@@ -239,3 +239,18 @@ def cmd_ops(args) -> int:
     from epic.ir import catalog
     print(catalog.markdown() if args.markdown else catalog.text())
     return 0
+
+
+def cmd_grad(args) -> int:
+    from epic.autodiff.derive import derive_source
+    wrt = [w.strip() for w in args.wrt.split(",") if w.strip()] if args.wrt is not None else None
+    if wrt is not None and not wrt:
+        raise error("E801", "--wrt names no input", None, "e.g. --wrt x,w")
+    d = derive_source(args.file, wrt, args.straight_through, path=True)
+    print(d.forward_text if args.forward else d.backward_text, end="")
+    if args.check:
+        from epic.autodiff.check import compare
+        sizes = _sizes(d.program, args.check)
+        for name, err in compare(d, sizes).items():
+            print(f"# check: d{name} relative error {err:.2e} against torch.autograd (float64)", file=sys.stderr)
+    return 0

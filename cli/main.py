@@ -20,6 +20,7 @@ COMMANDS = {
     "compile": "write the generated CUDA (.cu) of every kernel of a program to a directory",
     "build": "compile a program's kernels with nvcc into the on-disk cache (no GPU needed)",
     "tune": "time each gemm's legal configurations on the GPU and store the fastest (the tuning database)",
+    "grad": "derive a program's backward (reverse mode) and print it as .epi text; --check compares with torch",
     "ops": "list the language's primitives and reduction functions (what each means, its C++ cost)",
     "cache": "show the kernel cache; --prune removes damaged entries and leftovers, --clean everything",
 }
@@ -91,6 +92,17 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
     c.add_argument("--db", metavar="FILE", help="the tuning database (default: $EPIC_TUNING, else tuning.json "
                    "in the kernel cache)")
+
+    c = sub.add_parser("grad", help=COMMANDS["grad"], description=COMMANDS["grad"])
+    c.add_argument("file", metavar="FILE")
+    c.add_argument("--wrt", metavar="X,W", help="inputs to differentiate with respect to (default: every f32, bf16 "
+                   "or f16 tensor input)")
+    c.add_argument("--forward", action="store_true", help="print the forward program that also stores what the "
+                   "backward reads, instead of the backward")
+    c.add_argument("--straight-through", action="store_true", help="take the derivative of a quantizing cast or "
+                   "store as 1 (straight-through estimator) instead of refusing (E901)")
+    c.add_argument("--check", metavar="SIZES", help="also run both on random inputs of these sizes (e.g. M=33,D=48) "
+                   "with the float64 interpreter and compare the gradients with torch.autograd")
 
     c = sub.add_parser("ops", help=COMMANDS["ops"], description=COMMANDS["ops"])
     c.add_argument("--markdown", action="store_true", help="print the table docs/LANGUAGE.md holds")

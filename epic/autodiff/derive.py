@@ -41,8 +41,9 @@ class Derivation:
     renamed_inputs: dict[str, str] = field(default_factory=dict)  # backward input -> forward input it is (transposed)
 
     @property
-    def backward_inputs(self) -> list[str]:
-        return sorted(set(self.upstream.values()))
+    def has_kernels(self) -> bool:
+        """False when every gradient is an incoming one passed on as it is (`out y = z`: dz = dy)."""
+        return "\ngemm " in self.backward_text
 
 
 def _dims(shape: Shape, rows, n) -> str:
@@ -488,3 +489,12 @@ def derive(program: Program, wrt: list[str] | None = None, straight_through: boo
     text = "\n".join(f"# {line}" for line in header) + "\n" + backward
     return Derivation(program, forward, text, wrt, grads, {n for n in grads if n in d.transposed},
                       dict(d.upstream), dict(d.saved), dict(d.renamed))
+
+
+def derive_source(path_or_text, wrt: list[str] | None = None, straight_through: bool = False,
+                  path: bool | None = None) -> Derivation:
+    """Check a program (file or text) as `epic check` does, then derive its backward."""
+    from .. import pipeline
+    analysis = pipeline.analyze(path_or_text, path=path)
+    program = analysis.source_program
+    return derive(program, wrt, straight_through, source_name=program.name)
