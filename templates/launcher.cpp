@@ -3,11 +3,12 @@
 // A call of a compiled program is one Python -> C++ transition: find the bound plan whose input
 // signature (dtype, device, sizes, strides) the tensors match and whose pointers are 16-byte aligned,
 // allocate the plan's buffers with ATen (the program's outputs one each; everything else -- tmp
-// tensors, per-tile partials, combine results, gemm workspaces -- carved from one allocation, so a
-// chain pays one allocation more than its outputs, not one per buffer), and call each kernel
-// library's epic_launch through the function pointer the runtime registered. Anything that does
-// not match returns "no plan", and the Python path validates (and reports) as before: this file
-// never decides that a call is wrong.
+// tensors, per-tile partials, combine results, gemm workspaces -- at their offsets in one arena),
+// and call each kernel library's epic_launch through the function pointer the runtime registered.
+// A plan is an Executable's table (epic/runtime/executable.py), handed over by fastcall.register:
+// its slots, offsets and arena size are decided in Python, the same for the ctypes path; nothing
+// here lays out memory of its own. Anything that does not match returns "no plan", and the Python
+// path validates (and reports) as before: this file never decides that a call is wrong.
 // Not a Jinja template: nothing in it depends on the program.
 //
 // Two entries: run() takes the tensors and scalars in the program's order (tests, benchmarks), and
@@ -19,7 +20,6 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -50,7 +50,8 @@ struct Input {
 struct Buffer {
   at::ScalarType dtype;
   std::vector<int64_t> shape;
-  int64_t offset = -1;                // its place in the call's arena; -1: its own allocation (an output)
+  int64_t offset = -1;                // its place in the call's arena (freed, stream-ordered, when the call
+                                      // returns, unless keep=True hands out views); -1: its own allocation
 
   int64_t nbytes() const {
     int64_t n = static_cast<int64_t>(c10::elementSize(dtype));
@@ -58,10 +59,6 @@ struct Buffer {
     return n;
   }
 };
-
-// Where the arena places each buffer: TMA and vector stores want 16 bytes, the caching allocator's
-// own blocks start at 512; 256 keeps every buffer on its own sectors.
-constexpr int64_t kArenaAlign = 256;
 
 // A buffer on a CUDA device straight from torch's caching allocator (what at::empty does for CUDA,
 // without the dispatcher's round trip, about a microsecond on a slow host); elsewhere at::empty.
@@ -91,13 +88,15 @@ struct Plan {
   std::vector<int64_t> outputs, keep;  // indices into the table (inputs first, then buffers)
   std::vector<pybind11::object> output_keys, keep_keys;   // their names, for call()'s dict (label())
   int64_t arena = 0;                  // bytes of the call's one allocation for everything but outputs
-  bool has_arena = false;
+  bool has_arena = false;             // something lies in it (a buffer or a workspace)
 
-  int64_t place(int64_t bytes) {
-    const int64_t at = (arena + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
-    arena = at + bytes;
+  // An offset the Python side gave: -1 (not in the arena) or a 16-byte aligned place inside it.
+  bool placed(int64_t offset, int64_t bytes) {
+    if (offset == -1) return false;
+    TORCH_CHECK(offset >= 0 && offset % 16 == 0 && bytes >= 0 && offset + bytes <= arena,
+                "an arena offset outside the arena or misaligned");
     has_arena = true;
-    return at;
+    return true;
   }
 
   bool matches(const std::vector<at::Tensor>& t) const {
@@ -138,21 +137,29 @@ class Launcher {
               const std::vector<at::Tensor>& input_dtypes, const std::vector<std::vector<int64_t>>& input_sizes,
               const std::vector<std::vector<int64_t>>& input_strides,
               const std::vector<at::Tensor>& buffer_dtypes, const std::vector<std::vector<int64_t>>& buffer_shapes,
-              const std::vector<int64_t>& fns, const std::vector<std::vector<int64_t>>& slots,
-              const std::vector<std::vector<int64_t>>& dims, const std::vector<std::vector<double>>& scalars,
-              const std::vector<std::vector<int64_t>>& runtime_scalars, const std::vector<int64_t>& workspaces,
+              const std::vector<int64_t>& buffer_offsets, const std::vector<int64_t>& fns,
+              const std::vector<std::vector<int64_t>>& slots, const std::vector<std::vector<int64_t>>& dims,
+              const std::vector<std::vector<double>>& scalars, const std::vector<std::vector<int64_t>>& runtime_scalars,
+              const std::vector<int64_t>& workspaces, const std::vector<int64_t>& workspace_offsets, int64_t arena,
               const std::vector<int64_t>& outputs, const std::vector<int64_t>& keep) {
     Plan p;
     p.device = c10::Device(static_cast<c10::DeviceType>(device_type), static_cast<c10::DeviceIndex>(device_index));
     TORCH_CHECK(input_dtypes.size() == input_sizes.size() && input_sizes.size() == input_strides.size());
     for (size_t i = 0; i < input_dtypes.size(); ++i)
       p.inputs.push_back({input_dtypes[i].scalar_type(), input_sizes[i], input_strides[i]});
-    TORCH_CHECK(buffer_dtypes.size() == buffer_shapes.size());
-    for (size_t i = 0; i < buffer_dtypes.size(); ++i)
+    TORCH_CHECK(buffer_dtypes.size() == buffer_shapes.size() && buffer_shapes.size() == buffer_offsets.size());
+    TORCH_CHECK(arena >= 0, "an arena of negative size");
+    p.arena = arena;
+    for (size_t i = 0; i < buffer_dtypes.size(); ++i) {
       p.buffers.push_back({buffer_dtypes[i].scalar_type(), buffer_shapes[i]});
+      Buffer& b = p.buffers.back();
+      TORCH_CHECK(b.nbytes() >= 0, "a buffer of negative size");
+      if (p.placed(buffer_offsets[i], b.nbytes())) b.offset = buffer_offsets[i];
+    }
     const int64_t table = static_cast<int64_t>(p.inputs.size() + p.buffers.size());
     TORCH_CHECK(fns.size() == slots.size() && slots.size() == dims.size() && dims.size() == scalars.size() &&
-                scalars.size() == runtime_scalars.size() && runtime_scalars.size() == workspaces.size());
+                scalars.size() == runtime_scalars.size() && runtime_scalars.size() == workspaces.size() &&
+                workspaces.size() == workspace_offsets.size());
     for (size_t k = 0; k < fns.size(); ++k) {
       Launch l;
       l.fn = reinterpret_cast<LaunchFn>(static_cast<uintptr_t>(fns[k]));
@@ -168,23 +175,16 @@ class Launcher {
       }
       TORCH_CHECK(workspaces[k] >= 0);
       l.workspace = workspaces[k];
+      if (l.workspace > 0) {
+        TORCH_CHECK(p.placed(workspace_offsets[k], l.workspace), "a workspace outside the arena");
+        l.workspace_offset = workspace_offsets[k];
+      }
       p.launches.push_back(std::move(l));
     }
     for (int64_t i : outputs) TORCH_CHECK(i >= 0 && i < table);
     for (int64_t i : keep) TORCH_CHECK(i >= 0 && i < table);
     p.outputs = outputs;
     p.keep = keep;
-    // The outputs outlive the call on their own; the rest lives in one arena, freed (to the caching
-    // allocator, stream-ordered) when the call returns unless keep=True hands out views of it.
-    const int64_t first = static_cast<int64_t>(p.inputs.size());
-    for (size_t j = 0; j < p.buffers.size(); ++j) {
-      Buffer& b = p.buffers[j];
-      TORCH_CHECK(b.nbytes() >= 0, "a buffer of negative size");
-      const bool output = std::find(outputs.begin(), outputs.end(), first + static_cast<int64_t>(j)) != outputs.end();
-      if (!output) b.offset = p.place(b.nbytes());
-    }
-    for (Launch& l : p.launches)
-      if (l.workspace > 0) l.workspace_offset = p.place(l.workspace);
     plans_.insert(plans_.begin(), std::move(p));
     ids_.insert(ids_.begin(), next_id_);
     if (plans_.size() > kMaxPlans) {
@@ -359,7 +359,7 @@ class Launcher {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "epic's compiled call path (templates/launcher.cpp)";
-  m.attr("ABI") = 2;
+  m.attr("ABI") = 3;
   pybind11::class_<Launcher>(m, "Launcher")
       .def(pybind11::init<>())
       .def("add", &Launcher::add)

@@ -133,8 +133,21 @@ def test_several_signatures_and_the_newest_eight(module):
 
 def test_a_plan_that_points_outside_its_table_is_refused(module):
     with pytest.raises(RuntimeError, match="outside the table"):
-        module.Launcher().add(0, -1, [torch.empty(0)], [[4]], [[1]], [], [], [_abs_address()], [[3]], [[1]],
-                              [[]], [[]], [0], [], [])
+        module.Launcher().add(0, -1, [torch.empty(0)], [[4]], [[1]], [], [], [], [_abs_address()], [[3]], [[1]],
+                              [[]], [[]], [0], [-1], 0, [], [])
+
+
+def test_an_arena_offset_outside_the_arena_is_refused(module):
+    # the table's layout is the Executable's (runtime/executable.py): the launcher checks it, never makes one
+    y = [torch.empty(0, dtype=torch.float16)]
+    for offset, arena in ((16, 16), (8, 64), (-2, 64)):           # past the end, misaligned, nonsense
+        with pytest.raises(RuntimeError, match="arena"):
+            module.Launcher().add(0, -1, [torch.empty(0)], [[4]], [[1]], y, [[2, 3]], [offset], [], [], [], [],
+                                  [], [], [], arena, [], [])
+    for offset, arena in ((0, 32), (-1, 64)):                      # past the end, not placed at all
+        with pytest.raises(RuntimeError, match="arena"):
+            module.Launcher().add(0, -1, [torch.empty(0)], [[4]], [[1]], [], [], [], [_abs_address()], [[0]], [[1]],
+                                  [[]], [[]], [64], [offset], arena, [], [])
 
 
 def _abs_address() -> int:
@@ -145,7 +158,8 @@ def test_a_failed_launch_names_the_launch_and_its_status(module):
     # libc's abs() as a "kernel": it returns |low 32 bits of the pointer array's address| != 0
     fast = module.Launcher()
     x = torch.zeros(4)
-    plan = fast.add(0, -1, [x], [[4]], [[1]], [], [], [_abs_address()], [[0]], [[4]], [[]], [[]], [0], [0], [0])
+    plan = fast.add(0, -1, [x], [[4]], [[1]], [], [], [], [_abs_address()], [[0]], [[4]], [[]], [[]], [0], [-1], 0,
+                    [0], [0])
     got, failed, rc, out = fast.run([x], [], 0, False)
     assert (got, failed, out) == (plan, 0, []) and rc != 0
 
@@ -241,8 +255,8 @@ def test_call_leaves_anything_it_cannot_take_to_python(module):
 def test_call_leaves_a_missing_required_scalar_to_python(module):
     fast = module.Launcher()
     x = torch.zeros(4)
-    plan = fast.add(0, -1, [x], [[4]], [[1]], [torch.empty(0, dtype=torch.float16)], [[2, 3]],
-                    [], [], [], [], [], [], [1], [0, 1])   # no launches: y is a fresh buffer
+    plan = fast.add(0, -1, [x], [[4]], [[1]], [torch.empty(0, dtype=torch.float16)], [[2, 3]], [-1],
+                    [], [], [], [], [], [], [], 0, [1], [0, 1])   # no launches: y is a fresh buffer
     fast.names(["x"], ["s"], [float("nan")])           # s has no default
     fast.label(plan, ["y"], ["x", "y"])
     assert fast.call({"x": x}, False) is None
@@ -255,7 +269,8 @@ def test_call_leaves_a_missing_required_scalar_to_python(module):
 def test_call_reports_a_failed_launch_by_plan_and_status(module):
     fast = module.Launcher()
     x = torch.zeros(4)
-    plan = fast.add(0, -1, [x], [[4]], [[1]], [], [], [_abs_address()], [[0]], [[4]], [[]], [[]], [0], [0], [0])
+    plan = fast.add(0, -1, [x], [[4]], [[1]], [], [], [], [_abs_address()], [[0]], [[4]], [[]], [[]], [0], [-1], 0,
+                    [0], [0])
     fast.names(["x"], [], [])
     fast.label(plan, ["x"], ["x"])
     got, failed, rc = fast.call({"x": x}, False)
@@ -265,7 +280,7 @@ def test_call_reports_a_failed_launch_by_plan_and_status(module):
 def test_labels_must_fit_their_plan(module):
     fast = module.Launcher()
     x = torch.zeros(4)
-    plan = fast.add(0, -1, [x], [[4]], [[1]], [], [], [], [], [], [], [], [], [0], [0])
+    plan = fast.add(0, -1, [x], [[4]], [[1]], [], [], [], [], [], [], [], [], [], [], 0, [0], [0])
     with pytest.raises(RuntimeError, match="another plan"):
         fast.label(plan, ["x", "y"], ["x"])
     with pytest.raises(RuntimeError, match="no plan"):
@@ -297,11 +312,11 @@ class _Fake:
 
 def _program_with_fake(answer):
     import epic
-    from epic.runtime import binding
+    from epic.runtime import executable
     prog = epic.compile("samples/residual_rmsnorm.epi")
     lib = _Library()
-    bound = binding.Bound("cpu", [], [], [], [binding.Launch.__new__(binding.Launch)], ["y"], ["y", "part"], None)
-    bound.launches[0].library = lib
+    bound = executable.Executable("cpu", [], [], [], [], [executable.Launch(lib, [], [], [], 0)], ["y"],
+                                  ["y", "part"], None)
     fake = _Fake(answer)
     prog._fast, prog._fast_bound = fake, {4: bound}
     return prog, fake, lib

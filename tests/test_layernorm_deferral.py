@@ -142,10 +142,3 @@ def test_the_cache_is_bounded():
     for w in keep:
         cache.get([], w)
     assert len(cache) == derived.MAX_ENTRIES
-
-
-def test_the_compiled_launcher_declines_derived_tensors():
-    import epic
-    prog = epic.compile(CHAIN)
-    prog._register_fast(None, [])          # would build the launcher and register the plan
-    assert prog._fast is None and not prog._fast_bound

@@ -3,8 +3,10 @@
 A call validates every tensor (presence, dtype, device, shape, strides, 16-byte alignment) before
 anything launches, solves the dimension sizes, picks the plan for those sizes (cached per input
 signature), builds or loads each kernel from the on-disk cache, allocates what the plan says, and
-launches the plan's kernels in order on the current CUDA stream. Compiling checks, rewrites and
-plans only: code generation (and its refusals, E702) happens when kernels are first built.
+launches the plan's kernels in order on the current CUDA stream: one Executable per signature
+(runtime/executable.py), which the compiled launcher and the ctypes path both run. Compiling
+checks, rewrites and plans only: code generation (and its refusals, E702) happens when kernels are
+first built.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from ..codegen import emit
 from ..diagnostics import EpicError, error
 from ..ir.core import Tensor
 from ..plan import planner
-from . import background, binding, build, custom_op, derived, fastcall, graphs, loader
+from . import background, binding, build, custom_op, derived, executable, fastcall, graphs, loader
 from . import tuning_db as database
 from .validate import check_dtype, signature, validate
 
@@ -113,14 +115,15 @@ class CompiledProgram:
         self.config = config or {}
         self.fallback = _policy(fallback)
         self._unfused_form = None
-        self._bound: dict[tuple, binding.Bound] = {}     # input signature -> bound plan
+        self._bound: dict[tuple, executable.Executable | _Unfused] = {}   # input signature -> what runs
         self._libraries: dict[tuple, list] = {}          # kernel configurations -> (spec, library) per kernel
         self._lock = threading.Lock()
         self._op = None
         self._scalar_inputs = [t for t in self.program.inputs() if t.is_scalar]
         self._tensor_names = [t.name for t in self.program.inputs() if not t.is_scalar]
         self._fast = None                                # fastcall's Launcher, once a CUDA signature is bound
-        self._fast_bound: dict[int, binding.Bound] = {}   # its plan ids -> bound plans
+        self._fast_bound: dict[int, executable.Executable] = {}   # its plan ids -> the Executables handed to it
+        self._fast_ids: set[int] = set()                 # id() of those Executables (kept alive by _fast_bound)
         self._derived_specs = derived.specs(self.program)    # tensors computed from weights before the kernels
         self._derived = derived.Cache()
         self._builds = background.Builds()              # EPIC_BUILD_IN_BACKGROUND's builds
@@ -190,17 +193,21 @@ class CompiledProgram:
         """Run the program; returns its outputs by name.
         poison=True fills every output and buffer with NaN (a sentinel for integers) before launching,
             so that elements the kernels fail to write show up;
-        keep=True also returns the intermediate tensors (tmp, deferred scales, per-tile partials; in the
-            compiled call path they are disjoint views of one allocation, while each output has its own).
-        The first call with given shapes/dtypes/strides validates everything and binds a plan; later
-        calls with the same signature re-check alignment and scalar values (pointers change, layouts
-        do not), in the compiled call path (runtime/fastcall.py) where it is available.
+        keep=True also returns the intermediate tensors (tmp, deferred scales, per-tile partials: disjoint
+            views of one allocation, while each output has its own; runtime/executable.py).
+        The first call with given shapes/dtypes/strides validates everything and binds the signature's
+        Executable; later calls with the same signature re-check alignment and scalar values (pointers
+        change, layouts do not), in the compiled call path (runtime/fastcall.py) where it is available.
         Where the unfused torch form runs (fallback=...), poison has nothing to fill and keep returns the
         outputs only: that form has no buffers between its ops that the plan names."""
-        if self.fallback in ("eager", "compiled") and not positional:
+        if positional:
+            raise error("E601", f"a compiled program takes its tensors and scalars by name, got {len(positional)} "
+                        "positional argument(s)", None, "call it as prog(" + ", ".join(
+                            f"{t.name}=..." for t in self.inputs) + ")")
+        if self.fallback in ("eager", "compiled"):
             return self.unfused(compiled=self.fallback == "compiled", **args)
         fast = self._fast
-        if fast is not None and not positional and not poison:
+        if fast is not None and not poison and not self._derived_specs:
             # the compiled launcher reads the keyword arguments itself (templates/launcher.cpp): the
             # outputs' dict; None where the Python path below must take the call (an argument it does not
             # know, a signature not bound yet, a misaligned pointer, a scalar that is not a plain number)
@@ -209,54 +216,49 @@ class CompiledProgram:
                 return result
             if result is not None:
                 self._launch_failed(*result)
-        if positional:
-            raise error("E601", f"a compiled program takes its tensors and scalars by name, got {len(positional)} "
-                        "positional argument(s)", None, "call it as prog(" + ", ".join(
-                            f"{t.name}=..." for t in self.inputs) + ")")
+        chosen = self._choose(args)
+        if isinstance(chosen, _Unfused):
+            return self.unfused(compiled=chosen.compiled, **args)
+        return chosen.run(args, binding.scalar_values(self._scalar_inputs, args), _current_stream(chosen.device),
+                          self._derived, poison_buffers=poison, keep=bool(keep),
+                          launcher=fast if id(chosen) in self._fast_ids else None)
+
+    def _choose(self, args: dict):
+        """The policy of this call's signature: its Executable (the fused kernels), or an _Unfused
+        (fallback="auto" chose the torch form, or EPIC_BUILD_IN_BACKGROUND's kernels are not built yet).
+        The first call of a signature validates everything; later ones re-check alignment."""
         key = signature(args)
-        bound = self._bound.get(key)
-        if bound is None:
+        chosen = self._bound.get(key)
+        if chosen is None:
             tensors, _, device, sizes = validate(self.program, args)
             choice = self.unfused_choice(sizes, device)
             if choice is None and not self._kernels_ready(key, sizes, device):
-                return self.unfused(**args)         # EPIC_BUILD_IN_BACKGROUND: the kernels are being built
+                return _Unfused(False)              # EPIC_BUILD_IN_BACKGROUND: the kernels are being built
             if choice is not None:
-                bound = self._bound[key] = _Unfused(choice == "compiled")
+                chosen = self._bound[key] = _Unfused(choice == "compiled")
             else:
-                bound = self._bound[key] = self._bind(sizes, device)
+                chosen = self._bound[key] = self._bind(sizes, device)
                 if device.type == "cuda":
-                    self._register_fast(bound, [tensors[n] for n in self._tensor_names])
-        elif not isinstance(bound, _Unfused):
-            for name in bound.tensor_names:
+                    self._register_fast(chosen, chosen.inputs(tensors, self._derived))
+        elif not isinstance(chosen, _Unfused):
+            for name in chosen.tensor_names:
                 if args[name].data_ptr() % 16:
                     validate(self.program, args)          # reports E606 with the declaration's span
-        if isinstance(bound, _Unfused):
-            return self.unfused(compiled=bound.compiled, **args)
-        scalars = binding.scalar_values(self._scalar_inputs, args)
-        buffers = dict(args)
-        if self._derived_specs:
-            buffers.update(self._derived.all(self._derived_specs, args))
-        for b in bound.allocations:
-            buffers[b.name] = binding.allocate(b, bound.device, poison)
-        stream = _current_stream(bound.device)
-        for launch in bound.launches:
-            launch.run(buffers, scalars, stream, bound.device)
-        names = bound.keep if keep else bound.outputs
-        return {n: buffers[n] for n in names}
+        return chosen
 
     def _launch_failed(self, plan: int, failed: int, rc: int):
         """The compiled launcher's launch `failed` of its plan `plan` returned status rc: its library's error."""
         raise self._fast_bound[plan].launches[failed].library.launch_error(rc)
 
-    def _register_fast(self, bound: binding.Bound, tensors: list[torch.Tensor]) -> None:
-        if self._derived_specs:
-            return          # the compiled launcher does not compute derived tensors: the Python path runs these
+    def _register_fast(self, exe: executable.Executable, tensors: list[torch.Tensor]) -> None:
+        """Hand the Executable to the compiled launcher (tensors: its table's first entries, input tensors
+        then derived tensors, whose signature the launcher matches)."""
         with self._lock:
             if self._fast is None:
                 self._fast = fastcall.launcher(self._tensor_names, self._scalar_inputs)
             if self._fast is not None:
-                self._fast_bound[fastcall.register(self._fast, bound, tensors, self._tensor_names,
-                                                   [t.name for t in self._scalar_inputs])] = bound
+                self._fast_bound[fastcall.register(self._fast, exe, tensors)] = exe
+                self._fast_ids.add(id(exe))
 
     def _kernels_ready(self, signature: tuple, sizes: dict[str, int], device) -> bool:
         """Whether this call's kernels can be bound now: always, unless EPIC_BUILD_IN_BACKGROUND is set
@@ -269,7 +271,7 @@ class CompiledProgram:
         key, configs = self._waiting[signature]
         return key in self._libraries or self._builds.ready(key, lambda: [u for _, u in emit.units(self.program, configs)])
 
-    def _bind(self, sizes: dict[str, int], device) -> binding.Bound:
+    def _bind(self, sizes: dict[str, int], device) -> executable.Executable:
         plan = self.plan(sizes, device)
         key = tuple(sorted((k, str(c)) for k, c in plan.configs.items()))
         with self._lock:

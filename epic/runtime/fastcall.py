@@ -1,7 +1,9 @@
 """The compiled call path: templates/launcher.cpp, built once per torch, Python and compiler into the
 kernel cache, makes a call of a bound program one Python -> C++ transition (signature match,
 allocation with ATen, every kernel's epic_launch through its function pointer) instead of Python
-and ctypes work per tensor, buffer and launch.
+and ctypes work per tensor, buffer and launch. It runs the table and the memory layout of the
+signature's Executable (runtime/executable.py), which register() hands it; the ctypes path runs
+the same one.
 
 It is an optimization only: where it cannot be built (no C++ compiler, torch without its headers,
 EPIC_NO_BUILD and nothing cached) or EPIC_LAUNCHER=ctypes, calls take the ctypes path, with one
@@ -32,7 +34,7 @@ from . import build, cache
 
 SOURCE = Path(__file__).resolve().parent.parent / "templates" / "launcher.cpp"
 MODULE = "epic_launcher"            # PYBIND11_MODULE's name; cache.LAUNCHER_EXPORTS names its PyInit
-ABI = 2                             # the Launcher.add/run/names/label/call signatures; the module states its own
+ABI = 3                             # the Launcher.add/run/names/label/call signatures; the module states its own
 _DEVICE_TYPES = {"cpu": 0, "cuda": 1}   # c10::DeviceType
 
 _LOCK = threading.Lock()
@@ -161,31 +163,32 @@ def _compile(exe: str, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-# ---------------------------------------------------------------- registering a bound plan
-def register(fast, bound, tensors: list[torch.Tensor], tensor_names: list[str], scalar_names: list[str]) -> int:
-    """Hand a bound plan to a Launcher: the signature of these tensors (in tensor_names order), the
-    plan's buffers, and per launch its function pointer, pointer slots, sizes and scalars. Returns
-    the plan's id, which run() reports back."""
-    table = {n: i for i, n in enumerate(tensor_names)}
-    for j, b in enumerate(bound.allocations):
-        table[b.name] = len(tensor_names) + j
-    scalar_index = {n: i for i, n in enumerate(scalar_names)}
-    launches = bound.launches
-    device = torch.device(bound.device)
+# ---------------------------------------------------------------- registering an Executable
+def register(fast, executable, tensors: list[torch.Tensor]) -> int:
+    """Hand an Executable (runtime/executable.py) to a Launcher: the signature of `tensors` (the
+    table's first entries, executable.inputs: its input tensors, then its derived tensors), and the
+    table as it stands -- buffers with their arena offsets, per launch its function pointer, pointer
+    slots, sizes, scalars and workspace offset, the arena's size. Returns the plan's id, which
+    run() and call() report back."""
+    assert len(tensors) == len(executable.tensor_names) + len(executable.derived)
+    slot = {n: i for i, n in enumerate(executable.names)}
+    scalar_index = {n: i for i, n in enumerate(executable.scalar_names)}
+    launches = executable.launches
+    device = torch.device(executable.device)
     plan = fast.add(
         _DEVICE_TYPES[device.type], device.index if device.index is not None else -1,
         [torch.empty(0, dtype=x.dtype) for x in tensors], [list(x.shape) for x in tensors],
         [list(x.stride()) for x in tensors],
-        [torch.empty(0, dtype=getattr(torch, b.torch_dtype)) for b in bound.allocations],
-        [list(b.shape) for b in bound.allocations],
+        [torch.empty(0, dtype=getattr(torch, b.torch_dtype)) for b in executable.allocations],
+        [list(b.shape) for b in executable.allocations], [int(o) for o in executable.offsets],
         [launch_address(l.library) for l in launches],
-        [[table[n] if n else -1 for n in l.pointer_tensors] for l in launches],
+        [[slot[n] if n else -1 for n in l.pointer_tensors] for l in launches],
         [list(l.dims) for l in launches],
         [[0.0 if isinstance(v, str) else float(v) for v in l.scalars] for l in launches],
         [[x for i, name in l.runtime_scalars for x in (i, scalar_index[name])] for l in launches],
-        [int(l.workspace) for l in launches],
-        [table[n] for n in bound.outputs], [table[n] for n in bound.keep])
-    fast.label(plan, list(bound.outputs), list(bound.keep))
+        [int(l.workspace) for l in launches], [int(l.workspace_offset) for l in launches], int(executable.arena),
+        [slot[n] for n in executable.outputs], [slot[n] for n in executable.keep])
+    fast.label(plan, list(executable.outputs), list(executable.keep))
     return plan
 
 

@@ -161,8 +161,9 @@ def run_compiled(case: Case, inputs: dict, fast) -> tuple[dict[str, torch.Tensor
     program = case.program
     names = [t.name for t in program.inputs() if not t.is_scalar]
     scalar_inputs = [t for t in program.inputs() if t.is_scalar]
-    tensors = [_host_tensor(program.tensors[n], inputs[n]) for n in names]
-    plan = fastcall.register(fast, bound, tensors, names, [t.name for t in scalar_inputs])
+    host = {n: _host_tensor(program.tensors[n], inputs[n]) for n in names}
+    tensors = bound.inputs(host, derived.Cache())        # the input tensors, then the derived tensors
+    plan = fastcall.register(fast, bound, tensors)
     values = binding.scalar_values(scalar_inputs, inputs)
     scalars = [values[t.name] for t in scalar_inputs]
     results = []
