@@ -22,7 +22,7 @@ import torch
 from . import dtypes, layouts, sizes as sizes_mod
 from .diagnostics import error
 from .dtypes import DType
-from .ir import primitives as P
+from .ir import operands, primitives as P
 from .ir.core import Program, Value
 from .shapes import Kind
 
@@ -173,8 +173,8 @@ class Interpreter:
         return round_to(v @ w, t.dtype, self.exact)
 
     def matmul(self, k) -> torch.Tensor:
-        """A gemm's exact product A @ B."""
-        return self.store[k.a] @ self.store[k.b]
+        """A gemm's exact product A @ B (an operand written `name.T` is that tensor transposed)."""
+        return operands.logical(self.store[k.a], k.a_t) @ operands.logical(self.store[k.b], k.b_t)
 
     # ------------------------------------------------------------------ the context refs read
     def accumulator(self) -> torch.Tensor:
@@ -322,7 +322,8 @@ def random_inputs(program: Program, sizes: dict[str, int], seed: int = 0) -> dic
     """Random inputs of the declared dtypes: activations ~ N(0,1), B operands scaled by 1/sqrt(K),
     integer vectors (labels, positions) uniform in [0, N) of the kernel that reads them."""
     g = torch.Generator().manual_seed(seed)
-    b_operands = {k.b: k for k in program.kernels if k.kind == "gemm"}
+    # each B operand's reduction dimension (its first, or its second when read transposed)
+    b_operands = {k.b: int(k.b_t) for k in program.kernels if k.kind == "gemm"}
     narrowest = min(sizes_mod.evaluate(k.n, sizes) for k in program.kernels if k.kind == "gemm")
     out: dict[str, torch.Tensor] = {}
     for t in program.inputs():
@@ -337,7 +338,7 @@ def random_inputs(program: Program, sizes: dict[str, int], seed: int = 0) -> dic
         else:
             x = torch.randn(shape, generator=g, dtype=F64)
             if t.name in b_operands:
-                x = x / math.sqrt(shape[0])
+                x = x / math.sqrt(shape[b_operands[t.name]])
             if t.dtype.max_finite is not None:
                 x = x.clamp(t.dtype.min_finite, t.dtype.max_finite)
         out[t.name] = x.to(getattr(torch, t.dtype.torch_name))

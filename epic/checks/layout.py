@@ -17,6 +17,7 @@ from ..ir import options as vocab
 from ..ir import primitives as P
 from ..ir.core import GemmKernel, Program
 from ..shapes import Dim, Kind
+from . import row_finish
 
 TMA_BYTES = 16
 MAX_TILE_N = 256
@@ -103,6 +104,7 @@ def check_static(program: Program) -> list[Diagnostic]:
         if k.kind == "gemm":
             out.extend(_width_changes(k))
             out.extend(_block_sizes(k))
+    out.extend(_row_scales_read_otherwise(program))
     return _distinct(out)
 
 
@@ -143,6 +145,36 @@ def _width_changes(k: GemmKernel) -> list[Diagnostic]:
                     "changes the width); a width-changing map must feed a store", v.span,
                     "store the narrowed value (tmp y: bf16 = ...) and reduce it in the gemm that reads it, "
                     "or reduce before the pairwise map"))
+    return out
+
+
+def _row_scales_read_otherwise(program: Program) -> list[Diagnostic]:
+    """A tile scaled by a whole-row statistic is stored unscaled, its scale moved into the gemms that
+    read it as their A operand (the defer-row-scale pass): a gemm reading it transposed (`.T`) or as
+    its B operand would multiply the unscaled tile. Refused here, before the pass."""
+    from .locality import reductions_feeding
+    out = []
+    for i, k in enumerate(program.kernels):
+        if k.kind != "gemm":
+            continue
+        dep = reductions_feeding(k)
+        for s in k.stores:
+            if (s.value.kind is not Kind.TILE or s.value.id not in dep or dep[s.value.id].attrs["axis"] != "row"
+                    or row_finish.finished_after_row(k, s, program.tensors[s.tensor], dep)):
+                continue
+            for c in program.kernels[i + 1:]:
+                if c.kind != "gemm":
+                    continue
+                how = "transposed (.T)" if c.a == s.tensor and c.a_t else \
+                    "as its B operand" if c.b == s.tensor else None
+                if how:
+                    out.append(Diagnostic(
+                        "E502", f"gemm '{c.name}' reads '{s.tensor}' {how}, but '{s.tensor}' needs a whole-row "
+                        f"statistic ({dep[s.value.id].attrs['axis']}_{dep[s.value.id].attrs['fn']}), whose scale "
+                        "can move only into a gemm that reads it as its A operand, untransposed", c.span,
+                        "store the statistic (out r: f32[M] = ...) and the unscaled tile separately, and apply "
+                        "the scale where the tile is read (as a column vector of the gemm that reads it)",
+                        [(s.span, f"'{s.tensor}' is stored here")] if s.span else []))
     return out
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jinja2
 
+from ..diagnostics import EpicError
 from ..version import __version__
 from ..ir.core import Program
 from ..plan import config as config_mod
@@ -83,12 +84,36 @@ def render_combine(spec: combine.CombineSpec) -> str:
 
 def kernel_configs(program: Program, m: int, overrides: dict | None = None,
                    sizes: dict | None = None) -> dict[str, config_mod.KernelConfig]:
-    """Each gemm's configuration at M = m; sizes (all of the program's, where known) give each gemm's N,
-    on which the heuristic's tile width depends."""
+    """Each gemm's configuration when the program's row dimension is m (see kernel_rows); sizes (all
+    of the program's, where known) give each gemm's N, on which the heuristic's tile width depends."""
     from .. import sizes as sizes_mod
-    return {k.name: config_mod.choose(k, m, (overrides or {}).get(k.name), program.tensors,
+    rows = kernel_rows(program, m, sizes)
+    return {k.name: config_mod.choose(k, rows[k.name], (overrides or {}).get(k.name), program.tensors,
                                       sizes_mod.evaluate(k.n, sizes) if sizes else None)
             for k in program.kernels if k.kind == "gemm"}
+
+
+def kernel_rows(program: Program, m: int, sizes: dict | None = None) -> dict[str, int]:
+    """Each gemm's row count M when the program's row dimension (the first gemm's rows) is m: a gemm
+    with other rows (a backward program's dW gemm has N) counts its own at sizes, with that dimension
+    set to m; where sizes do not determine them (no --shape), m."""
+    from .. import sizes as sizes_mod
+    first = program.kernels[0].rows
+    at = dict(sizes or {})
+    if len(first.names) == 1 and first.coef.denominator == 1 and m % first.coef.numerator == 0:
+        at[first.names[0]] = m // first.coef.numerator
+    out = {}
+    for k in program.kernels:
+        if k.kind != "gemm":
+            continue
+        if k.rows == first:
+            out[k.name] = m
+            continue
+        try:
+            out[k.name] = sizes_mod.evaluate(k.rows, at)
+        except (KeyError, EpicError):       # a dimension the sizes leave open: the row dimension's count
+            out[k.name] = m
+    return out
 
 
 def specs(program: Program, configs: dict[str, config_mod.KernelConfig]) -> list:
@@ -134,6 +159,8 @@ def write_sources(program: Program, out_dir: str, sizes: dict | None = None) -> 
 
 
 def rows(program: Program, sizes: dict | None) -> int:
+    """The program's row dimension (its first gemm's rows) at sizes; DEFAULT_M without them. Each
+    gemm's own row count: kernel_rows."""
     if not sizes:
         return DEFAULT_M
     from .. import sizes as sizes_mod

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from .. import dtypes
-from ..ir import primitives as P
+from ..ir import operands, primitives as P
 from ..ir.core import GemmKernel, Program, Value
 from ..plan.config import KernelConfig
 from ..shapes import Kind
@@ -53,6 +53,11 @@ class KernelSpec:
     # (launch pointer index, C++ byte count from the sizes): zeroed per-stream scratch that the library
     # puts in that pointer slot (the caller passes null); a launch leaves it zeroed
     scratch: list[tuple[int, str]] = field(default_factory=list)
+    # the operands' CUTLASS layouts and orders in words (epic/ir/operands.py)
+    layout_a: str = operands.ROW_MAJOR
+    layout_b: str = operands.COLUMN_MAJOR
+    order_a: str = "[M, K] row-major"
+    order_b: str = "[K, N] K-major"
 
     @property
     def schedule_types(self) -> tuple[str, str]:
@@ -187,8 +192,11 @@ class Builder:
     def build(self) -> KernelSpec:
         k, cfg = self.k, self.cfg
         a, b = self.program.tensors[k.a], self.program.tensors[k.b]
-        self.pointer("A", a.name, a.dtype, "[M, K] row-major")
-        self.pointer("B", b.name, b.dtype, "[K, N] K-major (an nn.Linear weight [N, K], transposed)")
+        order_a, order_b = operands.describe("A", a, k.a_t), operands.describe("B", b, k.b_t)
+        self.pointer("A", a.name, a.dtype, order_a + " (read transposed)" * k.a_t)
+        self.pointer("B", b.name, b.dtype, order_b + (" (read transposed)" if k.b_t else
+                                                      " (an nn.Linear weight [N, K], transposed)" if b.layout == "kmajor"
+                                                      else ""))
         self.pointer("D", "", dtypes.BF16, "unused (no output through the collective)")
         plans = []
         # the first root implementation (in the registry's order of preference) that takes a store
@@ -225,7 +233,9 @@ class Builder:
             element_a=a.dtype.cutlass, element_b=b.dtype.cutlass, align_a=128 // a.dtype.bits,
             align_b=128 // b.dtype.bits, element_d=self.element_d, align_d=self.align_d, aux_element=aux,
             functors=self.functors, nodes=self.nodes, pointers=self.pointers, scalars=self.scalars,
-            descriptors=self.descriptors, headers=self.headers, scratch=self.scratch)
+            descriptors=self.descriptors, headers=self.headers, scratch=self.scratch,
+            layout_a=operands.cutlass_layout("A", a, k.a_t), layout_b=operands.cutlass_layout("B", b, k.b_t),
+            order_a=order_a, order_b=order_b)
 
     def _shared_values(self, roots: list[Value]) -> set[int]:
         """Costly values reached from two or more outputs: compute once, as a node of their own."""

@@ -112,6 +112,7 @@ class Operand:
     name: str
     type: TypeSpec | None
     span: Span
+    transposed: bool = False    # written `name.T`
 
 
 @dataclass

@@ -13,6 +13,7 @@ from importlib import resources
 from .. import dtypes
 from ..diagnostics import Span, error
 from ..ir import primitives as P
+from ..ir import operands
 from ..ir.core import GemmKernel, Program, Store, Tensor, Value, make, topo_order
 from ..ir.typing import TypeRuleError, check_storable, depends_on_whole_reduce
 from ..shapes import COL, SCALAR, Dim, Kind, Shape
@@ -64,7 +65,6 @@ class Lowering:
         self.tensors: dict[str, Tensor] = {}
         self.dims: dict[str, Span] = {}
         self.kernels: list[GemmKernel] = []
-        self.rows: Dim | None = None
 
     # ------------------------------------------------------------------ program
     def run(self) -> Program:
@@ -201,30 +201,37 @@ class Lowering:
         return self.new_tensor(d.name, d.span, dtype=dt, dims=dims, role="scalar" if not dims else "input",
                                default=d.default)
 
-    def _operand(self, op: ast.Operand, which: str) -> Tensor:
+    def _operand(self, op: ast.Operand, which: str, b_major: str) -> Tensor:
+        """The tensor an operand reads: declared here (with a type), or declared earlier (a name, or
+        `name.T` for its transpose). How the gemm reads it: epic/ir/operands.py."""
         if op.type is not None:
             if op.type.dims is None or len(op.type.dims) != 2:
                 raise error("E208", f"GEMM operand '{op.name}' needs two dimensions, e.g. {op.name}: bf16[M, K]",
                             op.type.span, "A is [M, K] and B is [K, N]")
             dt = self.dtype(op.type)
             t = self.new_tensor(op.name, op.span, dtype=dt, dims=tuple(self.dim(x) for x in op.type.dims),
-                                role="input", layout="kmajor" if which == "B" else "row")
+                                role="input", layout="kmajor" if which == "B" and b_major == "k" else "row")
         else:
             t = self.tensors.get(op.name)
+            shown = op.name + (".T" if op.transposed else "")
             if t is None:
                 raise error("E201", f"unknown tensor '{op.name}'", op.span,
+                            f"`{shown}` reads a tensor declared before this gemm (an `in`, an earlier gemm's operand "
+                            "or out/tmp)" if op.transposed else
                             f"declare it here with a type, e.g. {op.name}: bf16[M, K], or store it in an earlier gemm")
             if len(t.dims) != 2 or t.block:
-                raise error("E209", f"'{op.name}' is a {t.describe()}, not a matrix", op.span,
+                raise error("E209", f"'{shown}' is a {t.describe()}, not a matrix", op.span,
                             "a GEMM operand is a 2-D tensor, e.g. an earlier `tmp x: bf16 = ...` tile")
-            if which == "B" and t.role != "input":
-                raise error("E209", f"the B operand '{op.name}' must be a program input (weights)", op.span,
-                            f"declare it here: {op.name}2: bf16[K, N]; only the A operand may be an earlier result")
         if t.dtype not in dtypes.GEMM_OPERAND:
             raise error("E205", f"GEMM operand '{op.name}' is {t.dtype}; the mainloop multiplies bf16, f16, e4m3, e5m2 "
                         "or i8 (int8 x int8 with an i32 accumulator)",
                         op.type.dtype_span if op.type else op.span,
                         "store the earlier result as bf16 (tmp x: bf16 = ...)" if t.role in ("out", "tmp") else None)
+        if t.dtype.bits != 16 and not operands.k_major(which, t, op.transposed):
+            raise error("E205", f"the {which} operand '{op.name}{'.T' if op.transposed else ''}' is {t.dtype} read "
+                        f"{operands.major(which, t, op.transposed).upper()}-major (its K dimension is not contiguous); "
+                        "Hopper's wgmma reads 8-bit operands K-major only", op.span,
+                        "store it K-major (transposed) in the kernel that writes it, or use a 16-bit type (bf16, f16)")
         return t
 
     # ------------------------------------------------------------------ kernels
@@ -234,22 +241,24 @@ class Lowering:
             raise error("E202", f"gemm '{g.name}' is defined twice", g.span, "give each gemm its own name")
         if g.name in self.tensors:
             raise error("E202", f"'{g.name}' already names a tensor", g.span, "gemms and tensors need different names")
-        a = self._operand(g.a, "A")
-        b = self._operand(g.b, "B")
-        rows, k = a.dims
-        k2, n = b.dims
+        b_major = options.parse_value("b_major", *g.options["b_major"]) if "b_major" in g.options else "k"
+        if b_major == "n" and g.b.type is None:
+            raise error("E215", f"b_major applies to a B operand declared here with a type; '{g.b.name}' is read in "
+                        "its own memory order", g.options["b_major"][1],
+                        "drop b_major: an earlier result or a top-level `in` is read row-major (N-major) already")
+        a = self._operand(g.a, "A", b_major)
+        b = self._operand(g.b, "B", b_major)
+        rows, k = a.dims[::-1] if g.a.transposed else a.dims
+        k2, n = b.dims[::-1] if g.b.transposed else b.dims
         if k != k2:
-            raise error("E209", f"inner dimensions differ: {a.name} is [{rows}, {k}] but {b.name} is [{k2}, {n}]",
-                        g.b.span, "A[M, K] @ B[K, N]: the second dimension of A is the first of B")
+            shown = [op.name + (".T" if op.transposed else "") for op in (g.a, g.b)]
+            raise error("E209", f"inner dimensions differ: {shown[0]} is [{rows}, {k}] but {shown[1]} is [{k2}, {n}]",
+                        g.b.span, "A[M, K] @ B[K, N]: the second dimension of A is the first of B"
+                        + ("; `.T` swaps a tensor's two dimensions" if g.a.transposed or g.b.transposed else ""))
         if not _multipliable(a.dtype, b.dtype):
             raise error("E205", f"cannot multiply {a.dtype} by {b.dtype}", g.b.span,
                         "use the same 16-bit type on both sides, fp8 (e4m3/e5m2, mixed as well) on both, "
                         "or i8 on both")
-        if self.rows is None:
-            self.rows = rows
-        elif rows != self.rows:
-            raise error("E209", f"'{a.name}' has {rows} rows but the program's rows are {self.rows}", g.a.span,
-                        "in a chain every GEMM keeps the row count M: a later GEMM's A is an earlier output [M, X]")
         return _KernelBuilder(self, g, a, b, rows, k, n).build()
 
 
@@ -314,7 +323,8 @@ class _KernelBuilder:
                         "add `out NAME: bf16 = acc` (returned) or `tmp NAME: bf16 = ...` (read by a later gemm)")
         values = topo_order([s.value for s in self.stores])
         return GemmKernel(self.g.name, self.a.name, self.b.name, self.rows, self.k, self.n, values,
-                          self.stores, opts, self.g.span, acc=self.acc_dtype)
+                          self.stores, opts, self.g.span, acc=self.acc_dtype, a_t=self.g.a.transposed,
+                          b_t=self.g.b.transposed)
 
     def _bind(self, name: str, span: Span) -> None:
         self.low.check_name(name, span)

@@ -247,6 +247,14 @@ class _ToAst(Transformer):
         return ast.Operand(str(children[0]), type_, self._span(children[0]))
 
     @v_args(meta=True)
+    def transposed_operand(self, meta, children):
+        name, suffix = children
+        if str(suffix) != "T":
+            raise EpicError(Diagnostic("E102", f"unexpected '.{suffix}' after operand '{name}'", self._span(suffix),
+                                       f"write {name}.T for its transpose"))
+        return ast.Operand(str(name), None, self._span(meta), transposed=True)
+
+    @v_args(meta=True)
     def option(self, meta, children):
         return (str(children[0]), (str(children[1]), self._span(children[1])), self._span(meta))
 

@@ -72,7 +72,8 @@ class Tensor:
     span: Span | None = None
     default: float | None = None  # scalars only
     producer: str | None = None   # kernel that stores it
-    layout: str = "row"           # row-major, or "kmajor" for GEMM B operands ([K, N] with K contiguous)
+    layout: str = "row"           # row-major, or "kmajor" for GEMM B operands ([K, N] with K contiguous);
+                                  # how a gemm reads it (.T, A or B): epic/ir/operands.py
     block: int | None = None      # tensors of BLOCK values: the block size
     tiles_axis: str | None = None # per-tile partials: "n" -> [dims[0], tiles along N], "m" -> [tiles along M, dims[0]]
     components: int = 1           # per-tile partials of log-sum-exp hold (max, sum-exp) pairs
@@ -116,6 +117,8 @@ class GemmKernel:
     span: Span | None = None
     kind: str = "gemm"
     acc: DType = F32              # the accumulator: f32; i32 for i8 x i8; f16 with `accumulate=f16`
+    a_t: bool = False             # the operand is the transpose of tensor `a` (written `a.T`)
+    b_t: bool = False             # likewise for `b`
 
     def users(self) -> dict[int, list[Value]]:
         out: dict[int, list[Value]] = {v.id: [] for v in self.values}

@@ -56,7 +56,7 @@ def _kernel_header(k, program: Program) -> str:
         opts = ""
         if k.options:
             opts = " with " + ", ".join(f"{key}={_opt(v)}" for key, v in k.options.items())
-        return (f"kernel {k.name} = gemm {a.name}{_dims(a)} @ {b.name}{_dims(b)}{opts}"
+        return (f"kernel {k.name} = gemm {a.name}{'.T' * k.a_t}{_dims(a)} @ {b.name}{'.T' * k.b_t}{_dims(b)}{opts}"
                 f" -> acc {k.acc}[{k.rows}, {k.n}]")
     over = "the whole" if k.axis == "all" else f"{k.axis}s of"
     return f"kernel {k.name} = {k.kind} over {over} [{k.rows}, {k.n}]"

@@ -26,7 +26,8 @@ CHOICE_OPTIONS = {"schedule": SCHEDULES, "aux_load": AUX_LOADS, "raster": RASTER
                   "swizzle": tuple(str(s) for s in SWIZZLES), "splits": tuple(str(s) for s in SPLITS)}
 INT_OPTIONS = ("swizzle", "splits")
 # options that change what the program computes, not how fast: the file says them, a call cannot
-SEMANTIC_OPTIONS = {"accumulate": ("f32", "f16")}
+# (b_major: the memory order of a B operand declared inline: K-major, the default, or N-major)
+SEMANTIC_OPTIONS = {"accumulate": ("f32", "f16"), "b_major": ("k", "n")}
 ALL_OPTIONS = (*SIZE_OPTIONS, *CHOICE_OPTIONS, *SEMANTIC_OPTIONS)
 
 

@@ -95,8 +95,9 @@ def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict
     diags = layout.check_sizes(program, sizes)
     if diags:
         raise EpicError(diags)
-    m = sizes_mod.evaluate(next(k.rows for k in program.kernels), sizes)
-    configs = {k.name: config_mod.choose(k, m, (overrides or {}).get(k.name), program.tensors,
+    # each gemm's configuration for its own row count (a backward program's dW gemm has N rows)
+    configs = {k.name: config_mod.choose(k, sizes_mod.evaluate(k.rows, sizes), (overrides or {}).get(k.name),
+                                         program.tensors,
                                          sizes_mod.evaluate(k.n, sizes))
                for k in program.kernels if k.kind == "gemm"}
     buffers = {t.name: buffer_of(t, sizes, configs) for t in program.tensors.values()}

@@ -22,6 +22,7 @@ import torch
 from .. import dtypes, reference
 from ..diagnostics import EpicError, error
 from ..frontend.sources import printable
+from ..ir import operands
 from ..ir.core import Program
 from .validate import validate
 
@@ -59,7 +60,7 @@ class UnfusedInterpreter(reference.Interpreter):
         return x.to(F32)
 
     def matmul(self, k) -> torch.Tensor:
-        a, b = (self._operand(name) for name in (k.a, k.b))
+        a, b = (operands.logical(self._operand(name), t) for name, t in ((k.a, k.a_t), (k.b, k.b_t)))
         if a.is_cuda and a.dtype in _MM_OUT_DTYPE and a.dtype == b.dtype and k.acc is dtypes.F32:
             return torch.mm(a, b, out_dtype=F32)
         return a.to(F32) @ b.to(F32)

@@ -88,6 +88,11 @@ def check_strides(name: str, t: Tensor, x: torch.Tensor) -> None:
     else:
         ok = x.is_contiguous()
         hint = f"pass {name}.contiguous()"
+        if x.dim() == 2 and x.shape[0] > 1 and x.shape[1] > 1 and x.t().is_contiguous():
+            # a .t() view: a gemm reads a tensor transposed from the tensor itself (`name.T` in the program)
+            hint = (f"'{name}' is a transposed view: pass the tensor it views ({name}.t() here is row-major "
+                    f"[{x.shape[1]}, {x.shape[0]}]) and declare it so, reading it as `{name}.T` where the transpose "
+                    f"is meant; or pass {name}.contiguous()")
     if not ok:
         raise error("E605", f"'{name}' has strides {tuple(x.stride())}, which this kernel does not read "
                     f"({'K-major [K, N]' if t.layout == 'kmajor' else 'row-major, packed'})", t.span, hint)

@@ -79,13 +79,12 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
                                      give_up_ms=give_up["ms"])
     builder = builder or (lambda units: build.build_all(units, jobs))
     inputs = device_inputs(analysis.source_program, sizes) if on_gpu else {}
-    m = sizes_mod.evaluate(next(k.rows for k in program.kernels), sizes)
     best: dict[str, dict] = {}
     trials: list[Trial] = []
     heuristic_ms = heuristic = None
     gemms = [k for k in program.kernels if k.kind == "gemm"]
     for kernel in gemms:
-        n = sizes_mod.evaluate(kernel.n, sizes)
+        m, n = sizes_mod.evaluate(kernel.rows, sizes), sizes_mod.evaluate(kernel.n, sizes)   # this gemm's own
         round_trials = []
         for cfg in space.candidates(kernel, program.tensors, m, n, limit):
             trial = Trial(kernel.name, str(cfg), space.override(cfg))

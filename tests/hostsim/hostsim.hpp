@@ -259,14 +259,20 @@ using Frag = cutlass::Array<T, kFrag>;
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// The f32 accumulator over the whole tile grid: A [M, K] row-major, B K-major ([N, K] in memory);
+// The f32 accumulator over the whole tile grid. A [M, K] is K-major (LayoutA RowMajor: A[m * K + k])
+// or M-major (ColumnMajor: A[k * M + m]); B [K, N] is K-major (LayoutB ColumnMajor: B[n * K + k], an
+// [N, K] in memory) or N-major (RowMajor: B[k * N + n]), packed as make_cute_packed_stride makes them;
 // elements outside the problem are 0 (TMA fills out-of-bounds operand elements with zeros). Summed
 // in double and rounded once: with the harness's inputs every partial sum is exact in f32 anyway.
-template <class ElementA, class ElementB>
+template <bool AMMajor = false, bool BNMajor = false, class ElementA, class ElementB>
 std::vector<float> accumulate(ElementA const* A, ElementB const* B, Problem p, int rows, int cols) {
-  std::vector<float> a(size_t(p.M) * p.K), b(size_t(p.N) * p.K);
-  for (size_t i = 0; i < a.size(); ++i) a[i] = float(A[i]);
-  for (size_t i = 0; i < b.size(); ++i) b[i] = float(B[i]);
+  std::vector<float> a(size_t(p.M) * p.K), b(size_t(p.N) * p.K);     // a: [M][K], b: [N][K]
+  for (int m = 0; m < p.M; ++m)
+    for (int k = 0; k < p.K; ++k)
+      a[size_t(m) * p.K + k] = float(A[AMMajor ? size_t(k) * p.M + m : size_t(m) * p.K + k]);
+  for (int n = 0; n < p.N; ++n)
+    for (int k = 0; k < p.K; ++k)
+      b[size_t(n) * p.K + k] = float(B[BNMajor ? size_t(k) * p.N + n : size_t(n) * p.K + k]);
   std::vector<float> acc(size_t(rows) * cols, 0.0f);
   for (int m = 0; m < p.M; ++m)
     for (int n = 0; n < p.N; ++n) {

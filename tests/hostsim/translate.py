@@ -18,7 +18,9 @@ from epic.codegen import emit
 from .nodes import emulation
 from .parse import GemmSource, SourceFormatError, parse_combine, parse_gemm, kind
 
-LAYOUTS = {"A": "cutlass::layout::RowMajor", "B": "cutlass::layout::ColumnMajor", "D": "cutlass::layout::RowMajor"}
+ROW, COL = "cutlass::layout::RowMajor", "cutlass::layout::ColumnMajor"
+# the layouts the emulation reads: A K-major (RowMajor) or M-major, B K-major (ColumnMajor) or N-major; D row-major
+LAYOUTS = {"A": (ROW, COL), "B": (COL, ROW), "D": (ROW,)}
 
 
 def translate(source: str, namespace: str) -> str:
@@ -45,9 +47,11 @@ def arithmetic_problem(text: str) -> str | None:
 def gemm(src: GemmSource, namespace: str) -> str:
     if (why := arithmetic_problem(src.text)) is not None:
         raise SourceFormatError(why)
-    for role, layout in LAYOUTS.items():
-        if src.layouts[role] != layout:
-            raise SourceFormatError(f"Layout{role} is {src.layouts[role]}; the host simulator emulates {layout}")
+    for role, layouts in LAYOUTS.items():
+        if src.layouts[role] not in layouts:
+            raise SourceFormatError(f"Layout{role} is {src.layouts[role]}; the host simulator emulates "
+                                    f"{' or '.join(layouts)}")
+    mn_major = f"{str(src.layouts['A'] == COL).lower()}, {str(src.layouts['B'] == ROW).lower()}"
     m, n, k = src.problem
     for stride, extents in (("sA", [m, k, "1"]), ("sB", [n, k, "1"]), ("sD", [m, n, "1"]), ("sAux", [m, n, "1"])):
         if src.strides.get(stride) != extents:   # what the emulation assumes: packed A [M, K], B [N, K], ...
@@ -82,7 +86,7 @@ def gemm(src: GemmSource, namespace: str) -> str:
             "  (void)sAux;",
             "  const int acc_rows = hostsim::ceil_div(problem.M, TileShape::M) * TileShape::M;",
             "  const int acc_cols = hostsim::ceil_div(problem.N, TileShape::N) * TileShape::N;",
-            f"  const std::vector<float> acc = hostsim::as_accumulator<{src.element_acc}>(hostsim::accumulate("
+            f"  const std::vector<float> acc = hostsim::as_accumulator<{src.element_acc}>(hostsim::accumulate<{mn_major}>("
             f"{src.operands['A']}, {src.operands['B']}, problem, acc_rows, acc_cols));"]
     out += [f"  Node{n.index} node{n.index}(Node{n.index}::Arguments{n.init}, problem);" for n in src.nodes]
     if src.element_d != "void":
