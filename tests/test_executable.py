@@ -57,7 +57,7 @@ def test_a_two_gemm_chain_has_two_launches_and_its_tmp_in_the_arena():
     offsets = dict(zip([b.name for b in exe.allocations], exe.offsets))
     assert offsets == {"t": 0, "y": -1}                          # y is an output: its own allocation
     t_bytes = 77 * 96 * 2                                        # [M, F] bf16
-    assert executable.nbytes(exe.allocations[0]) == t_bytes
+    assert [executable.nbytes(b) for b in exe.allocations] == [t_bytes, 77 * 64 * 2]
     ws = exe.launches[0]
     assert ws.workspace == 100 and ws.workspace_offset == -(-t_bytes // 256) * 256      # after t, 256-aligned
     assert exe.launches[1].workspace_offset == -1
@@ -69,7 +69,8 @@ def test_an_rmsnorm_chain_has_two_gemms_and_one_combine():
     kinds = {k.name: k.kind for k in exe.plan.program.kernels}
     assert [kinds[l.library.kernel] for l in exe.launches] == ["gemm", "combine", "gemm"]
     inner = [(b, o) for b, o in zip(exe.allocations, exe.offsets) if b.name != "y"]
-    assert ("t", 0) in [(b.name, o) for b, o in inner] and executable.nbytes(exe.allocations[0]) == 77 * 96 * 2
+    (t,) = [b for b in exe.allocations if b.name == "t"]
+    assert ("t", 0) in [(b.name, o) for b, o in inner] and executable.nbytes(t) == 77 * 96 * 2     # [M, F] bf16
     assert all(o >= 0 and o % 256 == 0 for _, o in inner)       # everything but the output in the arena
     spans = sorted((o, o + executable.nbytes(b)) for b, o in inner)
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), spans
