@@ -28,3 +28,19 @@ def compile(path_or_source: str, config: dict | None = None, fallback: str = "ne
     faster on this GPU), "eager" or "compiled" (always the unfused torch form; runs without a GPU)."""
     from .runtime.compiled import compile as _compile
     return _compile(path_or_source, config, fallback)
+
+
+def grad(path_or_source, wrt: list[str] | None = None, straight_through: bool = False):
+    """The program's backward, derived by reverse mode: an epic.autodiff.derive.Derivation with the
+    forward program (also storing what the backward reads) and the backward program as .epi text
+    (`epic grad` prints them)."""
+    from .autodiff.derive import derive_source
+    return derive_source(path_or_source, wrt, straight_through)
+
+
+def autograd(path_or_source, wrt: list[str] | None = None, straight_through: bool = False,
+             config: dict | None = None, fallback: str = "never"):
+    """The program as a differentiable function: f(**inputs) returns its outputs by name, and
+    loss.backward() runs the derived backward program (docs/TRAINING.md)."""
+    from .autodiff.function import autograd as _autograd
+    return _autograd(path_or_source, wrt, straight_through, config, fallback)

@@ -359,6 +359,12 @@ _PRIMS = [
     _elementwise("log2", 1, lambda xs, a: torch.log2(xs[0]), "log2f({0})", cost=8, surface=("log2",),
                  vjp=lambda b, g: (b.div(g, b.mul(b.x(0), b.c(_LN2))),),
                  doc="base-2 logarithm (exact integers at powers of two; -inf at 0, nan below)"),
+    # a primitive (not a prelude def) so that its derivative is y * (1 - y): differentiating
+    # 1 / (1 + exp(-x)) gives 0 * inf = nan where exp(-x) overflows
+    _elementwise("sigmoid", 1, lambda xs, a: torch.sigmoid(xs[0]), "(1.0f / (1.0f + __expf(-{0})))", cost=8,
+                 cxx_fast="__fdividef(1.0f, 1.0f + __expf(-{0}))", surface=("sigmoid",),
+                 vjp=lambda b, g: (b.mul(g, b.mul(b.y, b.sub(b.c(1.0), b.y))),),
+                 doc="the logistic function 1 / (1 + exp(-x))"),
     _elementwise("sqrt", 1, lambda xs, a: xs[0].sqrt(), "sqrtf({0})", cost=4, surface=("sqrt",), vjp=lambda b, g: (b.div(g, b.mul(b.c(2.0), b.y)),),
                  doc="square root"),
     _elementwise("rsqrt", 1, lambda xs, a: xs[0].rsqrt(), "rsqrtf({0})", cost=4, surface=("rsqrt",),
