@@ -11,9 +11,10 @@
 // path validates (and reports) as before: this file never decides that a call is wrong.
 // Not a Jinja template: nothing in it depends on the program.
 //
-// Two entries: run() takes the tensors and scalars in the program's order (tests, benchmarks), and
-// call() takes the caller's keyword dict as it is and returns the outputs' dict, so that a call does
-// no Python work per argument (CompiledProgram.__call__ hands its **kwargs straight here).
+// Two entries: run() takes the table's input tensors (the program's, then any derived tensors that
+// Python's host step computed) and the scalars in the program's order, and call() takes the caller's
+// keyword dict as it is and returns the outputs' dict, so that a call does no Python work per
+// argument (CompiledProgram.__call__ hands its **kwargs straight here; not for derived tensors).
 #include <torch/extension.h>
 
 #include <ATen/EmptyTensor.h>
@@ -85,7 +86,7 @@ struct Plan {
   std::vector<Input> inputs;
   std::vector<Buffer> buffers;
   std::vector<Launch> launches;
-  std::vector<int64_t> outputs, keep;  // indices into the table (inputs first, then buffers)
+  std::vector<int64_t> outputs, keep;  // indices into the table (inputs, derived tensors included, then buffers)
   std::vector<pybind11::object> output_keys, keep_keys;   // their names, for call()'s dict (label())
   int64_t arena = 0;                  // bytes of the call's one allocation for everything but outputs
   bool has_arena = false;             // something lies in it (a buffer or a workspace)
