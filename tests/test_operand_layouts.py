@@ -108,6 +108,27 @@ def test_a_deferred_row_scale_cannot_be_read_transposed():
     assert e.codes == ["E502"] and "as its B operand" in str(e)
 
 
+LN = ("gemm o(x: bf16[M, D] @ wo: bf16[D, D]) {\n  in g: bf16[D]\n  in b: bf16[D]\n"
+      "  tmp n: bf16 = layernorm(acc, g, b)\n}\n")
+
+
+def test_layernorm_shift_terms_need_b_as_stored():
+    """LayerNorm's deferred mean adds (row vectors @ B), computed from the weight tensor as stored: a
+    consumer reading its B transposed is refused; an N-major B declared inline is fine."""
+    e = diagnose(LN + "in wu: bf16[F, D]\ngemm up(n @ wu.T) { out y: bf16 = acc }\n")
+    assert e.codes == ["E502"] and "reads transposed ('wu.T')" in str(e)
+    a = analyze(LN + "gemm up(n @ wu: bf16[D, F]) with b_major=n { out y: bf16 = acc }\n")
+    inputs = reference.random_inputs(a.source_program, dict(M=4, D=16, F=24))
+    torch.testing.assert_close(reference.run(a.program, inputs)["y"], reference.run(a.source_program, inputs)["y"])
+
+
+def test_a_row_scale_moves_into_a_gemm_whose_b_is_transposed():
+    text = LN.replace("layernorm(acc, g, b)", "rmsnorm(acc, g)").replace("  in b: bf16[D]\n", "")
+    a = analyze(text + "in wu: bf16[F, D]\ngemm up(n @ wu.T) { out y: bf16 = acc }\n")
+    inputs = reference.random_inputs(a.source_program, dict(M=4, D=16, F=24))
+    torch.testing.assert_close(reference.run(a.program, inputs)["y"], reference.run(a.source_program, inputs)["y"])
+
+
 # ------------------------------------------------------------------------------ meaning
 def _backward_inputs(m=5, k=16, n=24, seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -195,6 +216,14 @@ def test_each_gemm_is_configured_for_its_own_rows():
     assert configs["fwd"].tile[0] == 64 and configs["dw"].tile[0] == 128     # small-M and large-M tiles
     assert planner.make_plan(p, sizes).configs == configs                   # the call's plan agrees
     assert emit.kernel_rows(p, 64) == {"fwd": 64, "dx": 64, "dw": 64}      # no sizes: the row dimension's
+
+
+def test_a_bundle_builds_each_gemm_for_its_own_rows():
+    from epic.runtime import bundle_build
+    p = analyze(BACKWARD).program
+    units = bundle_build.units(p, dict(M=64, K=256, N=8192), [64, 8192])
+    names = sorted(u.name for u in units)
+    assert [n.split(".")[0] for n in names] == ["dw", "dx", "dx", "fwd", "fwd"]   # dw: N rows at either M
 
 
 # ------------------------------------------------------------------------------ host simulation
