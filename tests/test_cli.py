@@ -66,7 +66,7 @@ def test_ir_after_all_shows_scale_moving(capsys):
     stages = out.split("// ---- after ")
     names = [s.split("\n", 1)[0] for s in stages[1:]]
     assert names == ["front end", "simplify", "cse", "dce", "defer-row-scale", "split-reductions",
-                     "hoist-block-scale", "cleanup"]
+                     "hoist-block-scale", "block-quant", "cleanup"]
     before = stages[names.index("dce") + 1]
     after = stages[names.index("defer-row-scale") + 1]
     gemm1_before = before.split("kernel o_proj")[1].split("kernel gate_up")[0]

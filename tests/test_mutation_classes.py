@@ -9,9 +9,8 @@ import torch
 import epic
 from epic import pipeline, reference
 from epic.codegen import cxx, emit, functor
-from epic.codegen.nodes import custom
 from epic.diagnostics import EpicError
-from epic.passes import manager
+from epic.passes import block_quant, manager
 from epic.plan import planner
 from epic.runtime import binding, validate
 
@@ -23,7 +22,8 @@ from .test_hostsim import prepare
 
 # ---------------------------------------------------------------- block-scale recognition
 def _quant_value(expr: str):
-    a = pipeline.analyze(f"gemm g(x: bf16[M, K] @ w: bf16[K, N]) {{\n  out q: e4m3 = e4m3({expr})\n}}\n", name="t.epi")
+    a = pipeline.analyze(f"gemm g(x: bf16[M, K] @ w: bf16[K, N]) {{\n  out q: e4m3 = e4m3({expr})\n}}\n", name="t.epi",
+                         stop_after="hoist-block-scale")      # before block-quant rewrites it
     v = a.program.kernels[0].stores[0].value
     while v.op == "cast":
         v = v.args[0]
@@ -39,10 +39,11 @@ def _quant_value(expr: str):
     ("acc / (max(block_min(abs(acc), 128), 1e-12) / 448.0)", None),
     ("acc * (max(block_amax(acc, 128), 1e-12) / 448.0)", None),
     ("acc / (min(block_amax(acc, 128), 1e-12) / 448.0)", None),
-    ("acc / (max(block_amax(acc, 128), 1e-12) * 448.0)", None),
+    ("acc / (max(block_amax(acc, 128), 1e-12) * 448.0)", (128, 1e-12, 1 / 448.0)),     # qmax 1/448
+    ("acc * (max(block_amax(acc, 128), 1e-12) * 448.0)", None),
 ])
 def test_only_the_quantization_pattern_is_a_block_scale(expr, want):
-    got = custom.match_block_quant(_quant_value(expr))
+    got = block_quant._scaled(_quant_value(expr), -1)
     assert (got[1:4] if got else None) == want
 
 
@@ -322,11 +323,12 @@ def test_shared_memory_of_an_epilogue_by_hand():
 
 def test_narrow_and_packed_stores_in_the_model():
     from epic import dtypes
+    from epic.plan.epilogue import tile_bytes
     from epic.plan import config as C
     program, k = _kernel("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out q: e4m3 = acc\n  out p: i4 = acc\n}\n")
     v = k.stores[0].value
-    assert C._stored_bytes(dtypes.E4M3, v) == 1.0 and C._stored_bytes(dtypes.I4, v) == 0.0
-    assert C._stored_bytes(dtypes.BF16, v) == 2.0
+    assert tile_bytes(dtypes.E4M3, v) == 1.0 and tile_bytes(dtypes.I4, v) == 0.0
+    assert tile_bytes(dtypes.BF16, v) == 2.0
     # a 1-byte first store gets the 64-column epilogue tile where the tile width allows
     assert C._epilogue_tile(C.KernelConfig("pingpong", (64, 128, 64)), True) == (64, 64)
     assert C._epilogue_tile(C.KernelConfig("pingpong", (64, 128, 64)), False) == (64, 32)

@@ -26,7 +26,7 @@ from ..plan.config import KernelConfig
 from ..shapes import Kind
 from . import functor as fn
 from .cxx import identifier
-from .nodes import LEAVES, ROOTS, STORES, Node, Pointer, Scalar, find, no_implementation
+from .nodes import LEAVES, ROOTS, STORES, Node, Pointer, Scalar, leaf, no_implementation, store_nodes
 from .nodes.fold import add_fold
 
 
@@ -77,6 +77,7 @@ class Builder:
 
     def __init__(self, program: Program, k: GemmKernel, cfg: KernelConfig, tail=None):
         self.program, self.k, self.cfg, self.tail = program, k, cfg, tail
+        self.tensors = program.tensors       # what node patterns match against (with k)
         self.nodes: list[Node] = []
         self.functors: list[str] = []
         self.pointers: list[Pointer] = []
@@ -128,7 +129,7 @@ class Builder:
     def value_node(self, v: Value) -> int:
         """The node computing a leaf value (made on first use)."""
         if v.id not in self.leaf:
-            impl = find(LEAVES, self, v)
+            impl = leaf(self, v)
             if impl is None:
                 raise no_implementation(f"reading {_describe(self.program, v)}", v.span, LEAVES)
             self.leaf[v.id] = impl.emit(self, v)
@@ -142,7 +143,7 @@ class Builder:
         pack: (root's C variables at pair k) -> the two output elements of the pair, for stores
         whose memory is a container of another width (codegen/nodes/packed.py)."""
         if store_dtype is None and element == "float" and pack is None:
-            if root.id in self.leaf or find(LEAVES, self, root) is not None:
+            if root.id in self.leaf or leaf(self, root) is not None:
                 return self.value_node(root)      # a leaf already is the node computing it
         writer = fn.ExprWriter(pairwise=True, fast=store_dtype in fn.FAST_STORES)
         inputs: list[int] = []
@@ -154,7 +155,7 @@ class Builder:
                 continue
             seen.add(v.id)
             shared = v.id in self.shared and v is not root
-            impl = None if shared else find(LEAVES, self, v)
+            impl = None if shared else leaf(self, v)
             if shared or impl is not None:
                 idx = self.leaf[v.id] if shared else self.value_node(v)
                 if idx not in inputs:
@@ -198,18 +199,11 @@ class Builder:
                                                       " (an nn.Linear weight [N, K], transposed)" if b.layout == "kmajor"
                                                       else ""))
         self.pointer("D", "", dtypes.BF16, "unused (no output through the collective)")
-        plans = []
-        # the first root implementation (in the registry's order of preference) that takes a store
-        root = next(((impl, s) for impl in ROOTS for s in k.stores if impl.matches(self, s)), None)
-        claimed = {id(c) for c in root[0].claims(self, root[1])} if root else set()
-        for s in k.stores:
-            if (root and s is root[1]) or id(s) in claimed:
-                continue
-            impl = find(STORES, self, s)
+        root, plans = store_nodes(self)       # the patterns with the largest benefit (plan/epilogue.py)
+        for impl, s in plans:
             if impl is None:
                 raise no_implementation(f"storing '{s.tensor}' ({_describe(self.program, s.value)}, "
                                         f"{self.program.tensors[s.tensor].dtype})", s.span, ROOTS + STORES)
-            plans.append((impl, s))
         self.shared = self._shared_values([s.value for s in k.stores])
         for v in k.values:   # shared costly values become nodes of their own, in topological order
             if v.id in self.shared:
@@ -266,6 +260,8 @@ def _describe(program: Program, v: Value) -> str:
     name = f" '{v.name}'" if v.name else ""
     if P.family(v.op) in (P.Family.PARTIAL, P.Family.REDUCE):
         return f"per-tile partials of {v.attrs['axis']}_{v.attrs['fn']}{name}"
+    if P.family(v.op) is P.Family.BLOCK and v.kind is Kind.TILE:      # an internal op: block_quant
+        return f"{v.op}{name} (a tile divided by its 1x{v.attrs['block']} block scale)"
     if P.family(v.op) is P.Family.BLOCK:
         return f"block_{v.attrs['fn']}{name} (1x{v.attrs['block']} block reductions)"
     return f"{v.op}{name} (a {what})"

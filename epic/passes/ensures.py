@@ -97,3 +97,9 @@ def _tile_local(program: Program) -> list[str]:
 def _block_scales_hoisted(program: Program) -> list[str]:
     from .hoist_block_scale import unhoisted
     return unhoisted(program)
+
+
+@_ensure("block-quants-made")
+def _block_quants_made(program: Program) -> list[str]:
+    from .block_quant import unrecognised
+    return unrecognised(program)

@@ -14,7 +14,7 @@ from .. import envflags
 from ..checks import locality
 from ..diagnostics import EpicError
 from ..ir import verify as ir_verify
-from . import cse, dce, defer_row_scale, ensures, hoist_block_scale, simplify, split_reductions
+from . import block_quant, cse, dce, defer_row_scale, ensures, hoist_block_scale, simplify, split_reductions
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ PASSES = [
          gate=locality.check),
     Pass("hoist-block-scale", "move a per-block scale (QK-norm's 1/rms per head) to the stored value",
          hoist_block_scale.run, requires=("tile-local-gemms",), ensures=("block-scales-hoisted",)),
+    Pass("block-quant", "recognise block quantization (x / its 1xB block scale, in any spelling) as one op",
+         block_quant.run, requires=("block-scales-hoisted",), ensures=("block-quants-made",)),
     Pass("cleanup", "simplify + cse + dce on the final kernels, until nothing changes", _cleanup,
          ensures=("canonical", "no-duplicates", "no-dead-values")),
 ]

@@ -21,6 +21,7 @@ from ..diagnostics import error
 from ..ir import options as vocab
 from ..ir import primitives as P
 from ..shapes import Kind
+from . import epilogue
 
 SCHEDULES, AUX_LOADS, RASTERS = vocab.SCHEDULES, vocab.AUX_LOADS, vocab.RASTERS
 
@@ -118,9 +119,11 @@ def block_sizes(kernel) -> set[int]:
 # CUTLASS gives the mainloop what the epilogue leaves and fails to compile below 2 stages (E217).
 # The epilogue's share, as CUTLASS's sm90 builder sizes it (epilogue/collective/builders/
 # sm90_builder.inl): D and every aux store take StagesD = min(subtiles, 2) subtiles, every aux load
-# StagesC = min(subtiles, 4). The plan only picks configurations that leave 2 stages.
+# StagesC = min(subtiles, 4). Each epilogue node's pattern declares what it stages (plan/epilogue.py);
+# the estimate is their sum over the kernel's nodes. The plan only picks configurations that leave 2 stages.
 SMEM_BYTES = 232448          # the H100/H200 per-block limit (227 KiB)
 SMEM_RESERVE = 4096          # barriers, the tile scheduler, reduction scratch, row/column vectors
+VOID_D_BYTES = 2             # no store stages a subtile: CUTLASS still sizes D's, as bf16
 
 
 def _epilogue_tile(cfg: KernelConfig, narrow_d: bool) -> tuple[int, int]:
@@ -132,22 +135,15 @@ def _epilogue_tile(cfg: KernelConfig, narrow_d: bool) -> tuple[int, int]:
 
 def smem_estimate(kernel, tensors: dict, cfg: KernelConfig) -> tuple[int, int]:
     """(epilogue bytes, bytes of one mainloop stage) of this gemm at this configuration."""
-    store_bytes = [_stored_bytes(tensors[s.tensor].dtype, s.value) for s in kernel.stores if s.value.kind is Kind.TILE]
-    load_bytes = [v.dtype.bits / 8 * v.shape.width for v in kernel.values
-                  if P.prim(v.op).reads == "tensor" and v.kind is Kind.TILE]
-    narrow = bool(store_bytes) and store_bytes[0] <= 1
-    em, en = _epilogue_tile(cfg, narrow)
+    nodes = epilogue.chosen(kernel, tensors)
+    stores = [(p, ctx, s) for p, ctx, s in nodes if p.stage == "d"]    # in store order: the first decides the subtile
+    em, en = _epilogue_tile(cfg, bool(stores) and stores[0][0].staged_bytes(*stores[0][1:]) <= 1)
     subtiles = (cfg.tile_m // em) * (cfg.tile_n // en)
-    stages_d, stages_c = min(subtiles, 2), min(subtiles, 4)
-    epi = em * en * (stages_d * sum(store_bytes or [2]) + stages_c * sum(load_bytes))
+    epi = epilogue.EpilogueTiling(em, en, min(subtiles, 2), min(subtiles, 4))
+    total = sum(p.smem_bytes(ctx, item, epi) for p, ctx, item in nodes)
+    total += 0 if stores else em * en * epi.stages_d * VOID_D_BYTES
     stage = (cfg.tile_m + cfg.tile_n) * cfg.tile[2] * tensors[kernel.a].dtype.bits // 8
-    return int(epi), stage
-
-
-def _stored_bytes(dtype, value) -> float:
-    """Bytes per accumulator element a tile store stages in shared memory (a half-width bf16 tile is
-    one byte, a double-width one four; int4 is stored without shared memory)."""
-    return 0.0 if dtype.bits < 8 else dtype.bits / 8 * float(value.shape.width)
+    return int(total), stage
 
 
 def fits(kernel, tensors: dict, cfg: KernelConfig) -> bool:

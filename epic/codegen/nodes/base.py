@@ -1,11 +1,12 @@
 """What a code-generation node implementation is, and the pieces of a kernel description it adds to.
 
-An implementation is a class with a `matches(builder, item)` test and an `emit(builder, item)` that
-adds its visitor node(s) to the builder and returns the index of the node carrying the result.
-Leaves compute a value (the accumulator, a tensor load, a scalar); stores perform a Store (an extra
-output tile, per-tile partials); roots perform the one store that goes through the collective as D.
-A node that stock CUTLASS lacks names its C++ header under templates/nodes/ in `header`; the
-header's text is printed into the generated source (so the kernel cache key covers it).
+Which node computes a value or performs a store is decided by the patterns of plan/epilogue.py (the
+root ops each matches, a benefit, the shared memory it stages: the plan needs them before code
+generation). Each implementation here is its pattern's emitter: a subclass of the pattern (listed
+first) with an `emit(builder, item)` that adds its visitor node(s) to the builder and returns the
+index of the node carrying the result. A node that stock CUTLASS lacks names its C++ header under
+templates/nodes/ in `header`; the header's text is printed into the generated source (so the kernel
+cache key covers it).
 """
 from __future__ import annotations
 
@@ -40,22 +41,11 @@ class Scalar:
 
 
 class NodeImpl:
-    role = "leaf"                 # leaf | store | root
-    covers = ""                   # what it handles, in words: the E702 hint lists these
     header: str | None = None     # custom node header (templates/nodes/...) it needs
-
-    @classmethod
-    def matches(cls, b, item) -> bool:
-        raise NotImplementedError
 
     @classmethod
     def emit(cls, b, item) -> int:
         raise NotImplementedError
-
-    @classmethod
-    def claims(cls, b, item) -> list:
-        """Roots: the other stores this node performs itself (e.g. a block scale's scales)."""
-        return []
 
     @classmethod
     def parts(cls, j: int, v) -> tuple[str, ...]:

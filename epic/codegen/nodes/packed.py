@@ -13,22 +13,13 @@ and half-words are exact small integers in float).
 """
 from __future__ import annotations
 
-from fractions import Fraction
-
 from ... import dtypes
-from ...ir import primitives as P
-from ...shapes import Kind
+from ...plan import epilogue as pat
 from .base import NodeImpl
 from .leaves import emit_aux_load
 from .stores import emit_aux_store, emit_d
 
-SIXTEEN_BIT = (dtypes.BF16, dtypes.F16)
 _UNPACK = {"bf16": "epic_bf16", "f16": "epic_f16"}
-
-
-def _tile_of_width(b, s, width: Fraction, types) -> bool:
-    t = b.program.tensors[s.tensor]
-    return s.value.kind is Kind.TILE and s.value.shape.width == width and t.dtype in types
 
 
 def _split_half(t):
@@ -44,72 +35,37 @@ def _pack_double(t):
     return lambda parts: (f"epic_pack2<{T}>({parts[0]}, {parts[1]})", f"epic_pack2<{T}>({parts[2]}, {parts[3]})")
 
 
-class HalfWidthD(NodeImpl):
-    role = "root"
-    covers = "a tile half as wide as the accumulator (swiglu) in bf16, f16 or f32, as D"
-
-    @classmethod
-    def matches(cls, b, s) -> bool:
-        return _tile_of_width(b, s, Fraction(1, 2), SIXTEEN_BIT + (dtypes.F32,))
-
+class HalfWidthD(pat.HalfWidthD, NodeImpl):
     @classmethod
     def emit(cls, b, s) -> int:
-        t = b.program.tensors[s.tensor]
+        t = b.tensors[s.tensor]
         element, bits, pack = _split_half(t)
         return emit_d(cls, b, s, element, bits, pack, f"[M, N/2] {t.dtype} seen as [M, N] {element}")
 
 
-class HalfWidthAux(NodeImpl):
-    role = "store"
-    covers = "extra tiles half as wide as the accumulator in bf16, f16 or f32"
-
-    @classmethod
-    def matches(cls, b, s) -> bool:
-        return HalfWidthD.matches(b, s)
-
+class HalfWidthAux(pat.HalfWidthAux, NodeImpl):
     @classmethod
     def emit(cls, b, s) -> int:
-        t = b.program.tensors[s.tensor]
+        t = b.tensors[s.tensor]
         element, _, pack = _split_half(t)
         return emit_aux_store(cls, b, s, element, pack, f"[M, N/2] {t.dtype} seen as [M, N] {element}")
 
 
-class DoubleWidthD(NodeImpl):
-    role = "root"
-    covers = "a tile twice as wide as the accumulator (swiglu_bwd) in bf16 or f16, as D"
-
-    @classmethod
-    def matches(cls, b, s) -> bool:
-        return _tile_of_width(b, s, Fraction(2), SIXTEEN_BIT)
-
+class DoubleWidthD(pat.DoubleWidthD, NodeImpl):
     @classmethod
     def emit(cls, b, s) -> int:
-        t = b.program.tensors[s.tensor]
+        t = b.tensors[s.tensor]
         return emit_d(cls, b, s, "float", 32, _pack_double(t), f"[M, 2N] {t.dtype} seen as [M, N] pairs")
 
 
-class DoubleWidthAux(NodeImpl):
-    role = "store"
-    covers = "extra tiles twice as wide as the accumulator in bf16 or f16"
-
-    @classmethod
-    def matches(cls, b, s) -> bool:
-        return DoubleWidthD.matches(b, s)
-
+class DoubleWidthAux(pat.DoubleWidthAux, NodeImpl):
     @classmethod
     def emit(cls, b, s) -> int:
-        t = b.program.tensors[s.tensor]
+        t = b.tensors[s.tensor]
         return emit_aux_store(cls, b, s, "float", _pack_double(t), f"[M, 2N] {t.dtype} seen as [M, N] pairs")
 
 
-class DoubleWidthLoad(NodeImpl):
-    covers = "tiles twice as wide as the accumulator ([M, 2N]) in bf16 or f16"
-
-    @classmethod
-    def matches(cls, b, v) -> bool:
-        return (P.prim(v.op).reads == "tensor" and v.kind is Kind.TILE and v.shape.width == 2
-                and v.dtype in SIXTEEN_BIT)
-
+class DoubleWidthLoad(pat.DoubleWidthLoad, NodeImpl):
     @classmethod
     def emit(cls, b, v) -> int:
         return emit_aux_load(cls, b, v, "float", f"[M, 2N] {v.dtype} seen as [M, N] pairs")
@@ -118,4 +74,3 @@ class DoubleWidthLoad(NodeImpl):
     def parts(cls, j: int, v) -> tuple[str, ...]:
         u = _UNPACK[v.dtype.name]
         return tuple(f"{u}_{half}(in{j}[2 * k + {e}])" for e in (0, 1) for half in ("lo", "hi"))
-

@@ -5,29 +5,21 @@ from __future__ import annotations
 from ... import dtypes
 from ...ir import primitives as P
 from ...ir.core import make
-from ...shapes import Kind
+from ...plan import epilogue as pat
 from ..cxx import literal
 from .base import NodeImpl
-
-# what the collective can store as D (converted from the root node's float results)
-D_TYPES = (dtypes.BF16, dtypes.F16, dtypes.F32, dtypes.E4M3, dtypes.E5M2, dtypes.I8)
-
-
-def _tile_store(b, s) -> bool:
-    t = b.program.tensors[s.tensor]
-    return s.value.kind is Kind.TILE and s.value.shape.width == 1 and t.dtype.cutlass is not None
 
 
 def emit_d(impl, b, s, element: str, bits: int, pack=None, note: str = "") -> int:
     """The store of `s` through the collective: the root Compute node outputs D's element."""
-    t = b.program.tensors[s.tensor]
+    t = b.tensors[s.tensor]
     b.set_d(t, element, bits, note or "[M, N] row-major, stored by the collective")
     return b.compute(s.value, t.dtype, element, pack)
 
 
 def emit_aux_store(impl, b, s, element: str, pack=None, note: str = "") -> int:
     """The store of `s` through an Sm90AuxStore (a TMA store of an [M, N] tile of `element`)."""
-    t = b.program.tensors[s.tensor]
+    t = b.tensors[s.tensor]
     src = b.compute(s.value, t.dtype, pack=pack)
     p = b.pointer("aux_store", t.name, t.dtype, note)
     b.aux_elements.append(element)
@@ -37,43 +29,22 @@ def emit_aux_store(impl, b, s, element: str, pack=None, note: str = "") -> int:
                  f"{{static_cast<{element}*>({p}), sAux}}", [src], f"store tile {t.name}")
 
 
-class DStore(NodeImpl):
-    role = "root"
-    covers = f"one tile of the accumulator's width in {', '.join(map(str, D_TYPES))} (the collective's D)"
-
-    @classmethod
-    def matches(cls, b, s) -> bool:
-        return _tile_store(b, s) and b.program.tensors[s.tensor].dtype in D_TYPES
-
+class DStore(pat.DStore, NodeImpl):
     @classmethod
     def emit(cls, b, s) -> int:
-        t = b.program.tensors[s.tensor]
+        t = b.tensors[s.tensor]
         return emit_d(cls, b, s, t.dtype.cutlass, t.dtype.bits)
 
 
-class AuxStore(NodeImpl):
-    role = "store"
-    covers = "extra tiles of the accumulator's width (TMA store)"
-
-    @classmethod
-    def matches(cls, b, s) -> bool:
-        return _tile_store(b, s)
-
+class AuxStore(pat.AuxStore, NodeImpl):
     @classmethod
     def emit(cls, b, s) -> int:
-        return emit_aux_store(cls, b, s, b.program.tensors[s.tensor].dtype.cutlass)
+        return emit_aux_store(cls, b, s, b.tensors[s.tensor].dtype.cutlass)
 
 
-class E8m0Store(NodeImpl):
+class E8m0Store(pat.E8m0Store, NodeImpl):
     """e8m0 tiles as bytes: the value is rounded to its power of two (functor.store_expr), whose f32
     exponent field is the e8m0 byte (2**-127, f32's subnormal 0x00400000, has field 0 = code 0)."""
-    role = "store"
-    covers = "e8m0 tiles of the accumulator's width (their exponent bytes, TMA store)"
-
-    @classmethod
-    def matches(cls, b, s) -> bool:
-        t = b.program.tensors[s.tensor]
-        return s.value.kind is Kind.TILE and s.value.shape.width == 1 and t.dtype is dtypes.E8M0
 
     @classmethod
     def emit(cls, b, s) -> int:
@@ -84,16 +55,8 @@ class E8m0Store(NodeImpl):
 class _StockPartial(NodeImpl):
     """Per-tile partials of a one-state reduction through CUTLASS's Sm90ColReduction (one value per
     row and column tile) or Sm90RowReduction (per column and row tile)."""
-    role = "store"
-    axis = ""
     cutlass = ""
     stride = ""
-
-    @classmethod
-    def matches(cls, b, s) -> bool:
-        v = s.value
-        return (P.family(v.op) is P.Family.PARTIAL and v.attrs["axis"] == cls.axis
-                and P.reduction(v.attrs["fn"]).cxx_op is not None)
 
     @classmethod
     def emit(cls, b, s) -> int:
@@ -109,11 +72,9 @@ class _StockPartial(NodeImpl):
                      "int64_t(0)}}", [src], f"per-tile {cls.axis} {r.name} -> {s.tensor}")
 
 
-class RowPartial(_StockPartial):
-    covers = "per-tile partials of a row reduction (sum, mean, max, min, amax)"
-    axis, cutlass, stride = "row", "Sm90ColReduction", "_1, _0"
+class RowPartial(pat.RowPartial, _StockPartial):
+    cutlass, stride = "Sm90ColReduction", "_1, _0"
 
 
-class ColPartial(_StockPartial):
-    covers = "per-tile partials of a column reduction (sum, mean, max, min, amax)"
-    axis, cutlass, stride = "col", "Sm90RowReduction", "_0, _1"
+class ColPartial(pat.ColPartial, _StockPartial):
+    cutlass, stride = "Sm90RowReduction", "_0, _1"
