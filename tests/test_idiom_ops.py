@@ -70,6 +70,22 @@ def test_the_rewritten_program_means_the_source(spelling):
         assert torch.allclose(got[name], want[name], rtol=1e-12, atol=0), name
 
 
+def test_block_quant_means_x_over_its_block_scale():
+    """The op's own meaning (its record's reference), against torch: a ragged last block (N = 200: three
+    blocks of 64 and one of 8) and an all-zero block, whose scale is the floor and whose values stay 0."""
+    a = pipeline.analyze(GEMM + "  out q: i8 = acc * (127.0 / max(block_amax(acc, 64), 0.5))\n}\n", name="t.epi")
+    assert "block_quant" in {v.op for v in a.program.kernels[0].values}
+    sizes = dict(M=5, K=16, N=200)
+    inputs = reference.random_inputs(a.source_program, sizes, seed=4)
+    inputs["w"][:, 64:128] = 0                            # the second block of every row is zero
+    y = inputs["x"].double() @ inputs["w"].double()
+    blocks = [y[:, j:j + 64] for j in range(0, 200, 64)]
+    want = torch.cat([b / (b.abs().amax(1, keepdim=True).clamp_min(0.5) / 127.0) for b in blocks], 1)
+    got = reference.run(a.program, inputs, exact=True, sizes=sizes)["q"]      # stored as i8: rounded, ties to even
+    assert torch.equal(got, torch.round(want)) and (got[:, 64:128] == 0).all()
+    assert (got[:, 192:].abs().amax(1) == 127).all()        # the ragged block's amax maps to qmax
+
+
 def test_ir_after_the_pass_shows_the_op(capsys, tmp_path):
     path = tmp_path / "q.epi"
     path.write_text(program("e4m3", "x * (qmax / m)"))

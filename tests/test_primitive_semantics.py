@@ -59,7 +59,8 @@ def _module(name: str):
 def registry() -> tuple[frozenset, frozenset, frozenset]:
     """(op names, reduction functions, block reduction functions) that epic declares, read at test time
     from whichever tables exist (epic/ir/ops.py: _TABLE, REDUCE_FNS, BLOCK_FNS; epic/ir/primitives.py:
-    PRIMITIVES, REDUCTIONS), minus the bookkeeping ops split-reductions makes (partial, combine)."""
+    PRIMITIVES, REDUCTIONS), minus the internal ops passes make: split-reductions' partial and combine,
+    block-quant's block_quant (tests/test_idiom_ops.py checks its meaning)."""
     names, fns, block_fns = set(), set(), set()
     legacy = _module("epic.ir.ops")
     if legacy is not None and hasattr(legacy, "_TABLE"):
@@ -74,7 +75,7 @@ def registry() -> tuple[frozenset, frozenset, frozenset]:
             if getattr(r, "block", False):
                 block_fns.add(name)
     assert names, "no table of primitives found in epic.ir"
-    return frozenset(names - {"partial", "combine"}), frozenset(fns), frozenset(block_fns)
+    return frozenset(names - {"partial", "combine", "block_quant"}), frozenset(fns), frozenset(block_fns)
 
 
 def unless_primitive(name: str, kind: int = 0) -> list:
