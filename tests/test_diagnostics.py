@@ -54,7 +54,8 @@ CASES = {
 # at the value or store code generation refuses (tests/test_codegen.py).
 ELSEWHERE = {"E401": "below", "E601": "test_runtime_args", "E602": "test_runtime_args",
              "E603": "test_runtime_args", "E604": "test_runtime_args", "E605": "test_runtime_args",
-             "E606": "test_runtime_args", "E702": "test_codegen"}
+             "E606": "test_runtime_args", "E702": "test_codegen", "E901": "test_grad", "E902": "test_grad",
+             "E903": "test_grad"}
 # Codes that have no place in a program by nature (the command line, the machine, a bug in epic);
 # each is raised in the named test file, which checks the message names what is wrong.
 NO_LOCATION = {"E217": "test_cache (nvcc's stage-count failure)", "E599": "test_hardening (the IR verifier)",

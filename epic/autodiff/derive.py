@@ -109,7 +109,7 @@ class _Deriver:
     def _needs_grad(self) -> set[str]:
         needs = set(self.wrt)
         for k in self.p.kernels:
-            reads = {k.a, k.b} | {v.attrs["tensor"] for v in k.values if v.op == "load"}
+            reads = {k.a, k.b} | {v.attrs["tensor"] for v in k.values if P.is_load(v)}
             if reads & needs:
                 needs |= {s.tensor for s in k.stores}
         return needs
@@ -174,7 +174,7 @@ class _Deriver:
         """Store a contribution in the gemm that computed it (unless it already is a tensor) and load it."""
         v = piece.value
         t = self.p.tensors[tensor]
-        if v.op == "load" and v.attrs["tensor"] in self.declared and v.dtype.name in SMOOTH_CASTS:
+        if P.is_load(v) and v.attrs["tensor"] in self.declared and v.dtype.name in SMOOTH_CASTS:
             return self._load(v.attrs["tensor"], v.dtype, self._dims_of(v.attrs["tensor"]), rows, n)
         name = self.names.fresh(f"d_{tensor}_part")
         dtype = t.dtype if t.dtype.name in SMOOTH_CASTS and t.dims and len(t.dims) == 2 else F32
@@ -200,7 +200,7 @@ class _Deriver:
     def kernel(self, k: GemmKernel) -> None:
         a, b = self.p.tensors[k.a], self.p.tensors[k.b]
         want_a, want_b = k.a in self.needs, k.b in self.needs
-        loads = [v for v in k.values if v.op == "load" and v.attrs["tensor"] in self.needs
+        loads = [v for v in k.values if P.is_load(v) and v.attrs["tensor"] in self.needs
                  and not v.dtype.is_int]
         if not (want_a or want_b or loads):
             return
@@ -214,10 +214,10 @@ class _Deriver:
             raise error("E903", f"the gradient through gemm '{k.name}' ({a.dtype} x {b.dtype}) is not derived: "
                         "the backward gemms multiply 16-bit operands", k.span, "keep its operands out of --wrt")
         primal = epilogue.Primal(k, self._stat_name(k))
-        leaves = {v.id for v in loads} | ({v.id for v in k.values if v.op == "acc"} if want_a or want_b else set())
+        leaves = {v.id for v in loads} | ({v.id for v in k.values if P.is_accumulator(v.op)} if want_a or want_b else set())
         cot = epilogue.backprop(k, seeds, primal, self.st, leaves)
         stores: list[tuple[str, Value]] = []          # (tensor whose gradient, value) in this gemm
-        acc = next((v for v in k.values if v.op == "acc"), None)
+        acc = next((v for v in k.values if P.is_accumulator(v.op)), None)
         dacc = cot.get(acc.id) if acc is not None else None
         for v in loads:
             c = cot.get(v.id)
@@ -240,7 +240,7 @@ class _Deriver:
         dacc_value = None
         if dacc is not None:
             dacc = epilogue.as_tile(dacc, Shape(Kind.TILE))
-            if dacc.op == "load" and dacc.dtype is a.dtype and dacc.kind is Kind.TILE and dacc.shape.width == 1:
+            if P.is_load(dacc) and dacc.dtype is a.dtype and dacc.kind is Kind.TILE and dacc.shape.width == 1:
                 dacc_name = dacc.attrs["tensor"]          # the gradient arrives as a tensor: use it as it is
             else:
                 dacc_value = dacc
@@ -390,7 +390,7 @@ class _Deriver:
     def text(self) -> str:
         for g in self.gemms:                       # forward tensors the backward epilogues read
             for x in topo_order([v for *_, v in g.stores]):
-                name = x.attrs.get("tensor") if x.op == "load" else None
+                name = x.attrs.get("tensor") if P.is_load(x) else None
                 if name in self.saved_stats and name not in self.declared:
                     kernel = self.p.kernel(self.saved_stats[name][0])
                     stat = self.saved_stats[name][1]
@@ -408,7 +408,7 @@ class _Deriver:
 
 
 def _passes_through(v: Value, declared: set[str]) -> bool:
-    return v.op == "load" and v.attrs["tensor"] in declared and v.dtype.name in SMOOTH_CASTS
+    return P.is_load(v) and v.attrs["tensor"] in declared and v.dtype.name in SMOOTH_CASTS
 
 
 def _crosses(v: Value) -> bool:
@@ -426,7 +426,7 @@ def default_wrt(program: Program) -> list[str]:
 
 def not_derived(program: Program) -> set[str]:
     """Inputs whose gradient epic cannot derive yet: vectors read once per head."""
-    return {v.attrs["tensor"] for k in program.kernels for v in k.values if v.op == "load" and "period" in v.attrs}
+    return {v.attrs["tensor"] for k in program.kernels for v in k.values if P.is_load(v) and "period" in v.attrs}
 
 
 def check_wrt(program: Program, wrt: list[str]) -> list[str]:

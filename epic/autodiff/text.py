@@ -11,10 +11,6 @@ from ..ir import primitives as P
 from ..ir.core import Value, topo_order
 from ..shapes import Kind
 
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
-          "gt": ">", "ge": ">="}
-
-
 def literal(v: Value) -> str:
     x = v.attrs["value"]
     if v.dtype.is_int:
@@ -28,32 +24,33 @@ def literal(v: Value) -> str:
 
 
 def _leaf(v: Value) -> str | None:
-    if v.op == "acc":
-        return "acc"
-    if v.op == "load":
+    p = P.prim(v.op)
+    if p.family is not P.Family.SOURCE:
+        return None
+    if P.is_load(v):
         return v.attrs["tensor"]
-    if v.op == "const":
+    if P.is_literal(v):
         return literal(v)
-    if v.op == "dim":
+    if "dim" in v.attrs:          # a dimension's size used as a value
         return f"({v.attrs['dim']})"
-    kw = P.prim(v.op).keyword
-    return kw
+    return p.keyword              # acc, row, col
 
 
 def _call(v: Value, args: list[str]) -> str:
     p = P.prim(v.op)
-    if v.op in _INFIX:
-        return f"({args[0]} {_INFIX[v.op]} {args[1]})"
-    if v.op == "neg":
-        return f"(-{args[0]})"
-    if v.op == "powi":
-        return f"({args[0]} ** {v.attrs['exp']})" if v.attrs["exp"] >= 0 else f"({args[0]} ** ({v.attrs['exp']}))"
-    if v.op == "cast":
+    if p.family is P.Family.CAST:
         return f"{v.attrs['to'].name}({_strip(args[0])})"
-    if v.op == "reduce":
+    if p.family is P.Family.REDUCE:
         return f"{v.attrs['axis']}_{v.attrs['fn']}({_strip(args[0])})"
-    if v.op == "block_reduce":
+    if p.family is P.Family.BLOCK and "fn" in v.attrs:
         return f"block_{v.attrs['fn']}({_strip(args[0])}, {v.attrs['block']})"
+    if p.operator == "-x":
+        return f"(-{args[0]})"
+    if p.operator == "x ** n":
+        n = v.attrs["exp"]
+        return f"({args[0]} ** {n})" if n >= 0 else f"({args[0]} ** ({n}))"
+    if p.operator and p.arity == 2:
+        return f"({args[0]} {p.operator} {args[1]})"
     if p.surface:
         return f"{p.surface[0]}({', '.join(_strip(a) for a in args)})"
     raise error("E903", f"'{v.op}' cannot be written as program text (an internal operation)", v.span)

@@ -176,26 +176,7 @@ def _row_scales_read_otherwise(program: Program) -> list[Diagnostic]:
                         "operand, untransposed", c.span,
                         "store the statistic (out r: f32[M] = ...) and the unscaled tile separately, and apply "
                         "the scale where the tile is read (as a column vector of the gemm that reads it)", note))
-                elif c.a == s.tensor and c.b_t and _has_shift(s.value, dep):
-                    # LayerNorm's shift terms become row vectors @ B, computed from the weight tensor as it is
-                    # stored (runtime/derived.py), not transposed
-                    out.append(Diagnostic(
-                        "E502", f"cannot move the row statistics of '{s.tensor}' ({stat}) into gemm '{c.name}': "
-                        f"their shift terms multiply its B operand, which it reads transposed ('{c.b}.T')", c.span,
-                        f"declare the weight in gemm '{c.name}' itself (K-major, e.g. {c.b}2: {program.tensors[c.b].dtype}[K, N]), or "
-                        "store the statistics and the unnormalized tile separately", note))
     return out
-
-
-def _has_shift(v, dep: dict) -> bool:
-    """Whether deferring v's row statistics needs more than a row scale (LayerNorm's mean: shift terms
-    through derived tensors), as the defer-row-scale pass decides it."""
-    from ..passes import defer_row_scale
-    try:
-        defer_row_scale._split(v, dep)
-    except defer_row_scale._NotLinear:
-        return True
-    return False
 
 
 def _block_sizes(k: GemmKernel) -> list[Diagnostic]:

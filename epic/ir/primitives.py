@@ -547,6 +547,11 @@ def is_accumulator(op: str) -> bool:
     return op == "acc"
 
 
+def is_load(v) -> bool:
+    """A tensor read (a `load` value): the tensor is v.attrs["tensor"]."""
+    return PRIMITIVES[v.op].reads == "tensor"
+
+
 def is_literal(v) -> bool:
     """A literal number (a `const` value): its value is v.attrs["value"]."""
     return v.op == "const"

@@ -279,6 +279,14 @@ def _refuse_affine(s: Store, consumers, dep: dict, k, culprit: Value, why: str):
 def _defer_affine(s: Store, k, scale, shifts, tensors: dict, kernels: list, consumers) -> list[Store]:
     """Buffers for a and each b_j (stored by the row combine kernel), a derived tensor R_j @ W per
     consumer, and each consumer's accumulator rewritten to a * acc + sum_j (b_j + c_j) * (R_j @ W)."""
+    for c in consumers:
+        if shifts and c.b_t:     # R_j @ W is computed from the weight as stored (runtime/derived.py)
+            raise EpicError(Diagnostic(
+                "E502", f"cannot move the row statistics of '{s.tensor}' into gemm '{c.name}': their shift terms "
+                f"multiply its B operand, which it reads transposed ('{c.b}.T')", c.span,
+                f"declare the weight in gemm '{c.name}' itself (K-major, e.g. {c.b}2: {tensors[c.b].dtype}[K, N]), "
+                "or store the statistics and the unnormalized tile separately",
+                [(s.span, f"'{s.tensor}' is stored here")] if s.span else []))
     extra, scale_buf, shift_bufs = [], None, []
     if scale is not None:
         scale_buf = s.tensor + SUFFIX
