@@ -54,6 +54,10 @@ PROGRAMS = {
     "tests/programs/per_token_i4.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 2)),
     # LayerNorm deferred into the next gemm: gamma @ wu and beta @ wu computed by the runtime
     "tests/programs/layernorm_chain.epi": lambda m, n, k: dict(M=m, D=n, F=_up(k, 8)),
+    # RMSNorm's normalized rows returned: the row combine kernel finishes n (a training forward)
+    "tests/programs/rmsnorm_out.epi": lambda m, n, k: dict(M=m, K=k, D=_up(n, 8), N=_up(k, 8)),
+    # .T operands and a row-major B (a backward's dX and dW gemms)
+    "tests/programs/backward_layouts.epi": lambda m, n, k: dict(M=m, K=_up(k, 8), N=_up(n, 8)),
 }
 # (M, N, K): tile multiples, then ragged (M = 1, 77, 8191; N, K not multiples of 128). M <= 256 gets
 # the pingpong 64x64 configuration, larger M pingpong 128x128 cluster 2x1, and 128x192 where N is a

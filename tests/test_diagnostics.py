@@ -36,7 +36,7 @@ CASES = {
     "E104": '$use "no_such_library.epi"\n' + GEMM + "  out y: bf16 = acc\n}\n",
     "E106": GEMM + "  out y: bf16 = select(0 < acc $< 1, acc, 0)\n}\n",
     "E105": GEMM + "  out y: bf16 = " + "-" * 5000 + "$acc\n}\n",
-    "E301": GEMM + "  in gamma: bf16[N]\n  out n: bf16 = $rmsnorm(acc, gamma)\n}\n",
+    "E301": GEMM + "  in gamma: bf16[N]\n  tmp n: bf16 = $rmsnorm(acc, gamma)\n}\n",
     "E302": GEMM + "  out y: bf16 = $acc - col_mean(acc)\n}\n",
     "E303": GEMM + "  out y: bf16 = $acc / all_max(acc)\n}\n",
     "E402": GEMM + "  out s: f32[M] = $row_sum(swiglu(acc))\n}\n",
@@ -45,8 +45,9 @@ CASES = {
     "E405": "gemm g(x: bf16[M, K] @ w: bf16[K, 14]) {\n  $out q: i4 = even(acc)\n}\n",
     "E501": ("gemm a(x: bf16[M, D] @ w: bf16[D, D]) {\n  in g: bf16[D]\n  tmp n: bf16 = $silu(rmsnorm(acc, g))\n}\n"
              "gemm b(n @ w2: bf16[D, E]) {\n  out y: bf16 = acc\n}\n"),
-    "E502": ("gemm a(x: bf16[M, D] @ w: bf16[D, D]) {\n  in g: bf16[D]\n  $out n: bf16 = rmsnorm(acc, g)\n}\n"
-             "gemm b(n @ w2: bf16[D, E]) {\n  out y: bf16 = acc\n}\n"),
+    "E502": ("gemm a(x: bf16[M, D] @ w: bf16[D, D]) {\n  in g: bf16[D]\n  $tmp n: bf16 = rmsnorm(acc, g)\n}\n"
+             "gemm b(n @ w2: bf16[D, E]) {\n  out y: bf16 = acc\n}\n"
+             "gemm c(x @ w3: bf16[D, D]) {\n  out y2: bf16 = acc + n\n}\n"),
 }
 
 # Codes whose location is checked elsewhere: E401 needs runtime sizes (below); E6xx are about tensors
@@ -134,11 +135,21 @@ def test_defer_refusal_explains_nonlinearity():
     assert "not a product" in msg and "multiplies the whole row" in msg
 
 
-def test_defer_refusal_for_returned_value():
+def test_defer_refusal_for_a_value_also_read_as_a_tile():
     text, _, _ = marked(CASES["E502"])
     with pytest.raises(EpicError) as info:
         analyze(text)
-    assert "returned to the caller" in str(info.value) and "tmp n" in str(info.value)
+    assert "also read as a tile by gemm 'c'" in str(info.value)
+
+
+def test_a_returned_normalized_value_is_finished_by_the_combine_kernel():
+    """`out n` (returned, so no scale may be deferred) is finished after the row is known, and the next
+    gemm reads it as it is."""
+    text = CASES["E502"].replace("$tmp n", "out n").split("gemm c(")[0]
+    program = analyze(text).program
+    combine = next(k for k in program.kernels if k.kind == "combine")
+    assert [s.tensor for s in combine.stores] == ["n"]
+    assert "n__rowscale" not in program.tensors
 
 
 def test_per_column_statistic_cannot_be_deferred():

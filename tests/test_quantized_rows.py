@@ -102,7 +102,7 @@ def test_the_plan_shows_the_row_combine_kernel_quantizing():
 def test_ensures_catches_a_scale_moved_across_a_quantizing_store(monkeypatch):
     """The pass's guarantee is checked independently of the pass: a deferral that ignores the store's
     dtype is caught by `ensures row-scales-deferred` (EPIC_VERIFY is set for the suite)."""
-    monkeypatch.setattr(defer_row_scale, "nonlinear_crossing", lambda *a: None)
+    monkeypatch.setattr(defer_row_scale, "_stays", lambda *a: False)
     with pytest.raises(Exception) as info:
         pipeline.analyze(CHAIN.format(dt="i8", qmax=127), name="t.epi")
     assert "moved across its i8 store" in str(info.value)

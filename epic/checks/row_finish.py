@@ -57,9 +57,11 @@ def _finishable(s: Store, dep: dict) -> bool:
 
 
 def finished_after_row(k, s: Store, t: Tensor, dep: dict) -> bool:
-    """Whether store s of gemm k is a quantizing tile store that the row combine kernel finishes."""
-    return (s.value.kind is Kind.TILE and s.value.id in dep and nonlinear_crossing(s, t, dep) is not None
-            and _finishable(s, dep))
+    """Whether store s of gemm k is a tile store that the row combine kernel finishes: a quantizing
+    one (no scale may cross it), or an output (the caller expects the finished value, e.g. RMSNorm's
+    normalized rows, so the scale cannot be deferred into a consumer either)."""
+    return (s.value.kind is Kind.TILE and s.value.id in dep and _finishable(s, dep)
+            and (nonlinear_crossing(s, t, dep) is not None or t.role == "out"))
 
 
 def finished_stores(k, tensors: dict, dep: dict) -> list[Store]:
@@ -86,6 +88,8 @@ def frontier(s: Store, dep: dict) -> list[Value]:
         if v.id in seen:
             continue
         seen.add(v.id)
+        if P.family(v.op) is P.Family.REDUCE:
+            continue                  # merged from the partials: its operand is not read back
         if v.id in dep or (v.kind is Kind.TILE and v.dtype.name == "bool"):
             stack.extend(v.args)
         elif v.kind is Kind.TILE and not P.prim(v.op).reads:     # a tensor the combine kernel can read itself

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from ..checks.locality import describe_reduction, reductions_feeding
 from ..checks.row_finish import commutes_with_scale, nonlinear_crossing
+from ..checks import row_finish
 from ..diagnostics import Diagnostic, EpicError
 from ..dtypes import F32
 from ..ir import core
@@ -114,8 +115,8 @@ def run(program, trace=None):
             v = s.value
             if v.kind is not Kind.TILE or v.id not in dep:
                 continue
-            if nonlinear_crossing(s, tensors[s.tensor], dep) is not None:
-                continue        # a quantizing store: split-reductions finishes it in the row combine kernel
+            if _stays(k, s, tensors[s.tensor], dep):
+                continue
             consumers = [c for c in kernels[i + 1:] if c.kind == "gemm" and c.a == s.tensor]
             if not consumers:
                 continue        # nothing to defer into: the locality check reports it
@@ -151,6 +152,12 @@ def run(program, trace=None):
             stores = [Store(s.tensor, replaced.get(s.tensor, s.value), s.span) for s in k.stores] + extra
             kernels[i] = k.with_values(topo_order([s.value for s in stores]), stores)
     return program.replace_kernels(kernels, tensors)
+
+
+def _stays(k, s: Store, t: Tensor, dep: dict) -> bool:
+    """A store whose row scale is not deferred: quantizing (no scale crosses it) or returned; the row
+    combine kernel finishes it (split-reductions), or the locality check says why it cannot."""
+    return row_finish.finished_after_row(k, s, t, dep) or nonlinear_crossing(s, t, dep) is not None
 
 
 def _check_consumers(program, later, s: Store, t: Tensor, consumers, reduction: Value, k) -> None:

@@ -179,8 +179,10 @@ def render(plan: Plan, source: Program) -> str:
             if tiles:
                 back = sorted({v.attrs["tensor"] for v in k.values if _reads_tensor(v) and v.kind is Kind.TILE
                                and plan.program.tensors[v.attrs["tensor"]].producer == k.source})
-                out.append(f"       then, a warp per row, quantizes {', '.join(tiles)} from {', '.join(back)} "
-                           f"(unquantized, stored by {k.source}): the row statistic is known only here")
+                quantized = any(plan.program.tensors[t].dtype.name not in ("f32", "bf16", "f16") for t in tiles)
+                verb, how = ("quantizes", "unquantized") if quantized else ("finishes", "unscaled")
+                out.append(f"       then, a warp per row, {verb} {', '.join(tiles)} from {', '.join(back)} "
+                           f"({how}, stored by {k.source}): the row statistic is known only here")
             out.append(f"       writes {', '.join(s.tensor for s in k.stores)}")
     out.append("")
     out.append("buffers:")
