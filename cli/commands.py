@@ -246,7 +246,7 @@ def cmd_grad(args) -> int:
     wrt = [w.strip() for w in args.wrt.split(",") if w.strip()] if args.wrt is not None else None
     if wrt is not None and not wrt:
         raise error("E801", "--wrt names no input", None, "e.g. --wrt x,w")
-    d = derive_source(args.file, wrt, args.straight_through, path=True)
+    d = derive_source(args.file, wrt, args.straight_through, path=True, policy=args.policy)
     print(d.forward_text if args.forward else d.backward_text, end="")
     if args.check:
         from epic.autodiff.check import compare

@@ -101,6 +101,10 @@ def _parser() -> argparse.ArgumentParser:
                    "backward reads, instead of the backward")
     c.add_argument("--straight-through", action="store_true", help="take the derivative of a quantizing cast or "
                    "store as 1 (straight-through estimator) instead of refusing (E901)")
+    c.add_argument("--policy", choices=("save", "recompute"), default="save", help="save (default): a gemm whose "
+                   "one stored tile only feeds the next gemm keeps its accumulator, and its backward runs in the gemm "
+                   "that computes its incoming gradient (pattern D); recompute: every backward epilogue runs in a gemm "
+                   "that recomputes its forward accumulator (less memory, more flops)")
     c.add_argument("--check", metavar="SIZES", help="also run both on random inputs of these sizes (e.g. M=33,D=48) "
                    "with the float64 interpreter and compare the gradients with torch.autograd")
 

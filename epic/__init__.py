@@ -30,12 +30,12 @@ def compile(path_or_source: str, config: dict | None = None, fallback: str = "ne
     return _compile(path_or_source, config, fallback)
 
 
-def grad(path_or_source, wrt: list[str] | None = None, straight_through: bool = False):
+def grad(path_or_source, wrt: list[str] | None = None, straight_through: bool = False, policy: str = "save"):
     """The program's backward, derived by reverse mode: an epic.autodiff.derive.Derivation with the
     forward program (also storing what the backward reads) and the backward program as .epi text
-    (`epic grad` prints them)."""
+    (`epic grad` prints them). policy: "save" or "recompute" (docs/TRAINING.md)."""
     from .autodiff.derive import derive_source
-    return derive_source(path_or_source, wrt, straight_through)
+    return derive_source(path_or_source, wrt, straight_through, policy=policy)
 
 
 def autograd(path_or_source, wrt: list[str] | None = None, straight_through: bool = False,

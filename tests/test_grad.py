@@ -36,10 +36,11 @@ def _sizes(d, sizes):
     return {k: v for k, v in sizes.items() if k in d.program.dims}
 
 
+@pytest.mark.parametrize("policy", D.POLICIES)
 @pytest.mark.parametrize("sizes", SIZES, ids=["ragged", "tiny", "larger"])
 @pytest.mark.parametrize("name", DIFFERENTIABLE)
-def test_sample_gradients_match_autograd(name, sizes):
-    d = _derive(name)
+def test_sample_gradients_match_autograd(name, sizes, policy):
+    d = _derive(name, policy=policy)
     for seed in (0, 1):
         errors = check.compare(d, _sizes(d, sizes), seed)
         assert errors and max(errors.values()) < 1e-10, errors
@@ -52,10 +53,11 @@ def test_quantizers_say_no_output_has_a_gradient(name):
     assert e.value.diagnostics[0].code == "E902"
 
 
-def test_derived_swiglu_backward_is_the_hand_written_one():
+@pytest.mark.parametrize("policy", D.POLICIES)
+def test_derived_swiglu_backward_is_the_hand_written_one(policy):
     """The derived gradient of SwiGLU's accumulator equals the prelude's hand-written swiglu_bwd (run as
     samples/swiglu_bwd.epi with an identity down-projection, so its acc is the incoming gradient)."""
-    d = _derive("swiglu")
+    d = _derive("swiglu", policy=policy)
     sizes = dict(M=29, D=24, F=16)
     inputs = {k: v.double() for k, v in reference.random_inputs(d.program, sizes, 3).items()}
     dy = torch.randn(29, 16, dtype=torch.float64)
@@ -75,10 +77,11 @@ def test_cross_entropy_backward_is_softmax_minus_onehot_without_logits_in_the_fo
                    for t in fwd.outputs()), "the forward must not store [M, V] logits"
 
 
+@pytest.mark.parametrize("policy", D.POLICIES)
 @pytest.mark.parametrize("name", DIFFERENTIABLE)
-def test_derived_programs_pass_every_check(name):
+def test_derived_programs_pass_every_check(name, policy):
     """The forward and backward go through the same checks and passes as a hand-written program."""
-    d = _derive(name)
+    d = _derive(name, policy=policy)
     pipeline.analyze(d.backward_text, name="backward")
     pipeline.analyze(d.forward_text, name="forward")
 
@@ -91,6 +94,19 @@ def test_prenorm_forward_returns_the_normalized_rows():
     combine = next(k for k in program.kernels if k.kind == "combine")
     assert "n" in [s.tensor for s in combine.stores]
     assert not any(name.startswith("n__rowscale") for name in program.tensors)
+
+
+def test_pattern_d_runs_swiglus_backward_in_the_down_projections_dA_gemm():
+    """With the "save" policy the forward keeps gate_up's accumulator, and the gemm that computes the
+    gradient of a (d_y @ wd^T) applies SwiGLU's derivative in its epilogue: no gemm recomputes gate_up."""
+    saved = _derive("prenorm_mlp")
+    recomputed = _derive("prenorm_mlp", policy="recompute")
+    assert "gate_up_acc" in saved.saved and "gemm gate_up_bwd" not in saved.backward_text
+    assert "gemm gate_up_bwd" in recomputed.backward_text and "gate_up_acc" not in recomputed.saved
+    down_da = saved.backward_text.split("gemm down_da(")[1].split("}")[0]
+    assert "tmp d_gate_up_acc" in down_da and "gate_up_acc" in down_da
+    assert saved.backward_text.count("\ngemm ") == recomputed.backward_text.count("\ngemm ") - 1
+    assert "out gate_up_acc: bf16[M, 2*F] = acc" in saved.forward_text
 
 
 def test_rmsnorm_backward_needs_a_second_stage():
@@ -177,7 +193,7 @@ def test_printed_program_means_the_same(name):
 @given(random_program(), st.integers(0, 2**16))
 def test_random_programs_differentiate_like_autograd(text, seed):
     try:
-        d = D.derive_source(text)
+        d = D.derive_source(text, policy=D.POLICIES[seed % 2])
     except EpicError as e:
         code = e.diagnostics[0].code
         # a gradient through a quantized tmp (i8/e4m3 chain) is refused; nothing else may fail
@@ -185,3 +201,18 @@ def test_random_programs_differentiate_like_autograd(text, seed):
         return
     errors = check.compare(d, {k: v for k, v in dict(M=19, D=64, E=24).items() if k in d.program.dims}, seed)
     assert max(errors.values()) < 1e-8, (errors, text)
+
+
+def test_cli_grad_prints_a_program_that_compiles(tmp_path, capsys):
+    from epic_cli.main import main
+    assert main(["grad", str(S / "swiglu.epi"), "--policy", "recompute"]) == 0
+    text = capsys.readouterr().out
+    assert "gemm gate_up_bwd(" in text
+    pipeline.analyze(text, name="printed")
+    assert main(["grad", str(S / "bias_gelu.epi"), "--forward"]) == 0
+    assert "gemm up(" in capsys.readouterr().out
+    assert main(["grad", str(S / "bias_gelu.epi"), "--check", "M=17,K=24,N=40"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("relative error") == 3
+    assert main(["grad", str(S / "bias_gelu.epi"), "--wrt", "nope"]) == 1
+    assert "E902" in capsys.readouterr().err

@@ -54,17 +54,6 @@ def _type(dtype: DType, dims) -> str:
     return f"{dtype.name}[{', '.join(str(d) for d in dims)}]" if dims else dtype.name
 
 
-def _shape_in(t_dims: tuple, rows, n) -> Shape:
-    """The shape a tensor of these dims has when loaded by a kernel with accumulator [rows, n]."""
-    if not t_dims:
-        return Shape(Kind.SCALAR)
-    if len(t_dims) == 1:
-        if t_dims[0] == rows:
-            return Shape(Kind.COL)
-        return Shape(Kind.ROW, t_dims[0].ratio(n))
-    return Shape(Kind.TILE, t_dims[1].ratio(n))
-
-
 class _Names:
     def __init__(self, program: Program):
         self.taken = set(program.tensors) | set(program.dims) | {k.name for k in program.kernels} | P.RESERVED \
@@ -86,11 +75,16 @@ class _Piece:
     value: Value
 
 
+POLICIES = ("save", "recompute")
+
+
 class _Deriver:
-    def __init__(self, program: Program, wrt: list[str], straight_through: bool):
+    def __init__(self, program: Program, wrt: list[str], straight_through: bool, policy: str = "save"):
         self.p = program
         self.wrt = wrt
         self.st = straight_through
+        self.policy = policy
+        self.saved_tiles: dict[str, str] = {}            # saved accumulator -> the forward gemm that stores it
         self.names = _Names(program)
         self.gemms: list[GemmText] = []
         self.kernel_dims: list[tuple] = []              # (rows, n) of each emitted gemm
@@ -131,7 +125,7 @@ class _Deriver:
         self.top_inputs.append((name, _type(t.dtype, t.dims)))
 
     def _load(self, name: str, dtype: DType, dims: tuple, rows, n, span=None) -> Value:
-        return make("load", (), {"tensor": name, "dtype": dtype, "shape": _shape_in(dims, rows, n)}, span, name)
+        return make("load", (), {"tensor": name, "dtype": dtype, "shape": epilogue.shape_in(dims, rows, n)}, span, name)
 
     def _tensor_load(self, name: str, rows, n) -> Value:
         t = self.p.tensors[name]
@@ -204,6 +198,8 @@ class _Deriver:
                  and not v.dtype.is_int]
         if not (want_a or want_b or loads):
             return
+        if (want_a or want_b) and a.dtype.bits == 16 and self._fused(k, loads, want_a or want_b):
+            return
         seeds = self._seeds(k)
         if not seeds:
             return
@@ -234,6 +230,85 @@ class _Deriver:
             self.saved[name] = f"a statistic of gemm {k.name}, saved by the forward"
         self._emit_epilogue(k, stores, dacc if (want_a or want_b) else None)
 
+    # ------------------------------------------------------------------ pattern D: fused into the dA gemm
+    def _fusion_target(self, k: GemmKernel) -> int | None:
+        """The backward gemm whose accumulator is the whole incoming gradient of k's one stored tile
+        (the dA gemm of the one gemm that reads it as its A operand), when k's backward epilogue can run
+        there on the accumulator the forward saved: the "save" policy, nothing else reading the tile,
+        and an epilogue without coordinates or block statistics (they would see the other gemm's columns)."""
+        if self.policy != "save" or len({s.tensor for s in k.stores}) != 1:
+            return None
+        name = k.stores[0].tensor
+        t = self.p.tensors[name]
+        if t.role != "tmp" or not self._differentiable_store(t):
+            return None
+        readers = [c for c in self.p.kernels if c.a == name or c.b == name
+                   or any(P.is_load(v) and v.attrs["tensor"] == name for v in c.values)]
+        if len(readers) != 1 or readers[0].a != name or getattr(readers[0], "a_t", False):
+            return None
+        for v in k.values:
+            p = P.prim(v.op)
+            if p.family is P.Family.BLOCK or (p.family is P.Family.SOURCE and p.keyword and not P.is_accumulator(v.op)):
+                return None
+        pieces = self.pieces.get(name, [])
+        if len(pieces) != 1 or pieces[0].at < 0 or not P.is_accumulator(pieces[0].value.op):
+            return None
+        return pieces[0].at
+
+    def _fused(self, k: GemmKernel, loads: list[Value], want_acc: bool) -> bool:
+        """Pattern D: k's backward epilogue in the epilogue of the gemm that produces its incoming
+        gradient, on the accumulator the forward saved, instead of in a gemm that recomputes it."""
+        at = self._fusion_target(k)
+        if at is None:
+            return False
+        rows, n = self.kernel_dims[at]
+        a = self.p.tensors[k.a]
+        saved = self.names.fresh(f"{k.name}_acc")
+        acc_load = make("load", (), {"tensor": saved, "dtype": a.dtype,
+                                     "shape": epilogue.shape_in((k.rows, k.n), rows, n)}, k.span, saved)
+        primal = epilogue.Primal(k, self._stat_name(k), rebase=(rows, n, acc_load, self.p.tensors))
+        incoming = self.pieces[k.stores[0].tensor][0].value
+        seeds = {s.value.id: incoming for s in k.stores}
+        leaves = {v.id for v in loads} | ({v.id for v in k.values if P.is_accumulator(v.op)} if want_acc else set())
+        cot = epilogue.backprop(k, seeds, primal, self.st, leaves)
+        requests: list[tuple[str, Value]] = []
+        for v in loads:
+            c = cot.get(v.id)
+            if c is None:
+                continue
+            if "period" in v.attrs:
+                return False
+            requests.append((v.attrs["tensor"], epilogue.as_tile(c, primal(v).shape) if v.kind is Kind.TILE else c))
+        acc = next((v for v in k.values if P.is_accumulator(v.op)), None)
+        dacc = cot.get(acc.id) if (acc is not None and want_acc) else None
+        if dacc is not None:
+            requests.append(("#acc", epilogue.as_tile(dacc, acc_load.shape)))
+        order = topo_order([v for _, v in requests])
+        if any(_crosses(x) for v in order for x in v.args):
+            return False                  # a backward row sum that tiles need: stages, in recompute gemms
+        # committed: the incoming gradient is consumed here, the forward saves k's accumulator
+        self.pieces.pop(k.stores[0].tensor)
+        self.saved_tiles[saved] = k.name
+        self.saved[saved] = f"the accumulator of gemm {k.name}, saved by the forward (its backward runs in " \
+                            f"{self.gemms[at].name}'s epilogue)"
+        self._remember_dims(saved, (k.rows, k.n))
+        self.top_inputs.append((saved, _type(a.dtype, (k.rows, k.n))))
+        for name, stat in primal.used.items():
+            self.saved_stats[name] = (k.name, stat)
+            self.saved[name] = f"a statistic of gemm {k.name}, saved by the forward"
+        self.gemms[at].comment += f"\nand the backward of gemm {k.name}'s epilogue, on its saved accumulator {saved}"
+        dacc_name = None
+        for tensor, v in requests:
+            if tensor == "#acc":
+                dacc_name = self.names.fresh(f"d_{k.name}_acc")
+                self.gemms[at].stores.append(("tmp", dacc_name, _type(a.dtype, (k.rows, k.n)), v))
+                self._remember_dims(dacc_name, (k.rows, k.n))
+            else:
+                self.pieces.setdefault(tensor, []).append(_Piece(at, v))
+        if dacc_name is not None:
+            self._emit_operand_gemms(k, dacc_name)
+        return True
+
     def _emit_epilogue(self, k: GemmKernel, stores: list[tuple[str, Value]], dacc: Value | None) -> None:
         a, b = self.p.tensors[k.a], self.p.tensors[k.b]
         dacc_name = None
@@ -254,8 +329,10 @@ class _Deriver:
             requests.append(("#acc", dacc_value))
         if requests:
             dacc_name = self._emit_stages(k, requests, a.dtype) or dacc_name
-        if dacc_name is None:
-            return
+        if dacc_name is not None:
+            self._emit_operand_gemms(k, dacc_name)
+
+    def _emit_operand_gemms(self, k: GemmKernel, dacc_name: str) -> None:
         rows, n, kd = k.rows, k.n, k.k
         if k.a in self.needs:                          # dA [M, K] = dacc [M, N] @ B^T
             b_operand = f"{k.b}.T" if k.b in self.declared else self._renamed_b(k)
@@ -449,14 +526,20 @@ def check_wrt(program: Program, wrt: list[str]) -> list[str]:
 
 
 def derive(program: Program, wrt: list[str] | None = None, straight_through: bool = False,
-           source_name: str = "<program>") -> Derivation:
-    """The backward of a source-level program (straight from the front end, before any pass)."""
+           source_name: str = "<program>", policy: str = "save") -> Derivation:
+    """The backward of a source-level program (straight from the front end, before any pass).
+    policy "save": a gemm whose one stored tile feeds only the next gemm's A operand has its backward
+    epilogue run in that gemm's dA gemm, on its accumulator saved by the forward (pattern D; one gemm
+    fewer, the saved tile's bytes more); "recompute": every backward epilogue runs in a gemm that
+    recomputes its forward accumulator."""
+    if policy not in POLICIES:
+        raise error("E801", f"unknown policy '{policy}'", None, "policies: " + ", ".join(POLICIES))
     from .forward import program_text
     wrt = check_wrt(program, wrt) if wrt else default_wrt(program)
     if not wrt:
         raise error("E902", "the program has no floating-point tensor input to take a gradient with respect to",
                     None)
-    d = _Deriver(program, wrt, straight_through)
+    d = _Deriver(program, wrt, straight_through, policy)
     for k in reversed(program.kernels):
         d.kernel(k)
     if not d.upstream:
@@ -468,6 +551,10 @@ def derive(program: Program, wrt: list[str] | None = None, straight_through: boo
     missing = [name for name in wrt if name not in grads]
     backward = d.text()
     extra: dict[str, list] = {}
+    for name, kernel in d.saved_tiles.items():
+        k = program.kernel(kernel)
+        acc = next(v for v in k.values if P.is_accumulator(v.op))
+        extra.setdefault(kernel, []).append((name, _type(program.tensors[k.a].dtype, (k.rows, k.n)), acc))
     for name, (kernel, stat) in d.saved_stats.items():
         k = program.kernel(kernel)
         extra.setdefault(kernel, []).append((name, _type(F32, stat.shape.dims(k.rows, k.n)), stat))
@@ -492,9 +579,9 @@ def derive(program: Program, wrt: list[str] | None = None, straight_through: boo
 
 
 def derive_source(path_or_text, wrt: list[str] | None = None, straight_through: bool = False,
-                  path: bool | None = None) -> Derivation:
+                  path: bool | None = None, policy: str = "save") -> Derivation:
     """Check a program (file or text) as `epic check` does, then derive its backward."""
     from .. import pipeline
     analysis = pipeline.analyze(path_or_text, path=path)
     program = analysis.source_program
-    return derive(program, wrt, straight_through, source_name=program.name)
+    return derive(program, wrt, straight_through, source_name=program.name, policy=policy)

@@ -31,8 +31,11 @@ class Primal:
     recomputed (the same Value objects where nothing below them changes), statistics are loads of
     the tensors `saved_name(v)` names. Which statistics were asked for is `used`."""
 
-    def __init__(self, kernel: GemmKernel, saved_name: Callable[[Value], str]):
+    def __init__(self, kernel: GemmKernel, saved_name: Callable[[Value], str], rebase: tuple | None = None):
+        """rebase: (rows, n, the saved accumulator's load, tensors) to build the values in another gemm
+        (pattern D: the gemm producing the incoming gradient), whose tile is [rows, n]."""
         self.kernel = kernel
+        self.rebase = rebase
         self._saved_name = saved_name
         self._memo: dict[int, Value] = {}
         self.used: dict[str, Value] = {}      # saved tensor name -> the forward statistic
@@ -56,14 +59,32 @@ class Primal:
         return self._memo[v.id]
 
     def _build(self, v: Value) -> Value:
+        k = self.kernel
         if is_statistic(v):
             name = self._saved_name(v)
             self.used[name] = v
-            return make("load", (), {"tensor": name, "dtype": F32, "shape": v.shape}, v.span, name)
+            shape = v.shape if self.rebase is None else shape_in(v.shape.dims(k.rows, k.n), *self.rebase[:2])
+            return make("load", (), {"tensor": name, "dtype": F32, "shape": shape}, v.span, name)
+        if self.rebase is not None:
+            rows, n, acc, tensors = self.rebase
+            if P.is_accumulator(v.op):
+                return acc
+            if P.is_load(v):
+                return make("load", (), dict(v.attrs, shape=shape_in(tensors[v.attrs["tensor"]].dims, rows, n)),
+                            v.span, v.name)
         args = tuple(self._memo[a.id] for a in v.args)
         if all(x is a for x, a in zip(args, v.args)):
             return v
         return make(v.op, args, v.attrs, v.span, v.name)
+
+
+def shape_in(dims: tuple, rows, n) -> Shape:
+    """The shape a tensor of these dims has when loaded by a gemm with accumulator [rows, n]."""
+    if not dims:
+        return Shape(Kind.SCALAR)
+    if len(dims) == 1:
+        return Shape(Kind.COL) if dims[0] == rows else Shape(Kind.ROW, dims[0].ratio(n))
+    return Shape(Kind.TILE, dims[1].ratio(n))
 
 
 def unbroadcast(c: Value, target: Value) -> Value:
