@@ -87,9 +87,11 @@ def check(program: Program) -> list[Diagnostic]:
                 "a tile holds at most 256 rows of a column"
             msg = (f"'{name}' needs {describe_reduction(r, k)} inside the same epilogue; "
                    f"the epilogue sees one output tile and {across}")
-            hint = ("store the statistic instead (e.g. out r: f32[M] = ...) and apply it where it is consumed; "
-                    "or make this value the A operand of a later gemm (tmp x: bf16 = ...) so that a per-row "
-                    "scale is deferred into that gemm's epilogue") if code == "E301" else \
+            hint = ("an output (out x: ...) computed element-wise from the statistic is finished after the row is "
+                    "known, and a tile that is the A operand of a later gemm (tmp x: bf16 = ...) gets its row scale "
+                    "deferred into that gemm; a pairwise map, a block or column statistic after the row statistic "
+                    "is neither: apply it in a later gemm, or store the statistic (out r: f32[M] = ...) and apply it "
+                    "where it is consumed") if code == "E301" else \
                 ("store the column statistic (out s: f32[N] = col_...) and apply it in a later kernel")
             notes = [(r.span, f"the {r.attrs['axis']} reduction is here")] if r.span else []
             out.append(Diagnostic(code, msg, v.span, hint, notes))
