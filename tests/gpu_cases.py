@@ -20,6 +20,7 @@ PROGRAMS = {
     "samples/fp8_gemm_scaled.epi": lambda m, n, k: dict(M=m, K=_up(k, 16), N=n),
     "samples/swiglu.epi": lambda m, n, k: dict(M=m, D=k, F=_up(n // 2, 8)),
     "samples/swiglu_bwd.epi": lambda m, n, k: dict(M=m, D=k, F=_up(n // 2, 8)),
+    "samples/swiglu_mlp.epi": lambda m, n, k: dict(M=m, D=k, F=_up(n // 2, 8)),
     "samples/prenorm_mlp.epi": lambda m, n, k: dict(M=m, D=n, F=_up(k, 8)),
     "samples/cross_entropy.epi": lambda m, n, k: dict(M=m, D=k, V=n),
     "samples/fp8_block_quant.epi": lambda m, n, k: dict(M=m, D=k, N=_up(n, 128)),

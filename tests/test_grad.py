@@ -20,7 +20,7 @@ from .progen import program as random_program
 S = ROOT / "samples"
 # every sample whose outputs carry a gradient; the others are quantizers (E902 below)
 DIFFERENTIABLE = ["bias_gelu", "cross_entropy", "f16_accumulate", "fp8_gemm_scaled", "prenorm_mlp", "residual_rmsnorm",
-                  "rope", "swiglu", "swiglu_bwd", "w8a8", "q_proj_per_head", "qk_norm_rope", "qkv_qk_norm"]
+                  "rope", "swiglu", "swiglu_bwd", "swiglu_mlp", "w8a8", "q_proj_per_head", "qk_norm_rope", "qkv_qk_norm"]
 QUANTIZERS = ["fp8_block_quant", "int4_pack", "mxfp8_block_quant", "swiglu_fp8_quant"]
 # ragged sizes (not multiples of any tile), tiny ones, and pairs/heads kept whole where a program needs them
 SIZES = [dict(M=37, K=24, N=48, D=40, F=24, V=56, E=24, H=2, Dh=16),

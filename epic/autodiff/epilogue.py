@@ -132,8 +132,23 @@ def backprop(kernel: GemmKernel, seeds: dict[int, Value], primal: Primal, straig
             if c is None or a.id not in live or not _differentiable(a):
                 continue
             c = unbroadcast(c, a)
-            cot[a.id] = c if a.id not in cot else make("add", (cot[a.id], c), {}, v.span)
+            cot[a.id] = c if a.id not in cot else _sum(cot[a.id], c, v)
     return cot
+
+
+def _sum(a: Value, b: Value, at: Value) -> Value:
+    """a + b; interleave(x, 0) + interleave(0, y) (the cotangents of even(h) and odd(h)) is interleave(x, y)."""
+    pair = P.prim(a.op).family is P.Family.PAIR and P.prim(b.op).family is P.Family.PAIR and \
+        len(a.args) == len(b.args) == 2
+    if pair and _zero(a.args[1]) and _zero(b.args[0]):
+        return make(a.op, (a.args[0], b.args[1]), {}, at.span)
+    if pair and _zero(a.args[0]) and _zero(b.args[1]):
+        return make(a.op, (b.args[0], a.args[1]), {}, at.span)
+    return make("add", (a, b), {}, at.span)
+
+
+def _zero(v: Value) -> bool:
+    return P.is_literal(v) and float(v.attrs["value"]) == 0.0
 
 
 def as_tile(c: Value, like: Shape) -> Value:
