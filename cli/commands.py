@@ -248,6 +248,9 @@ def cmd_grad(args) -> int:
         raise error("E801", "--wrt names no input", None, "e.g. --wrt x,w")
     d = derive_source(args.file, wrt, args.straight_through, path=True, policy=args.policy)
     print(d.forward_text if args.forward else d.backward_text, end="")
+    if args.shape:
+        for line in d.ledger(_sizes(d.program, args.shape)):
+            print(f"# {line}")
     if args.check:
         from epic.autodiff.check import compare
         sizes = _sizes(d.program, args.check)

@@ -105,6 +105,8 @@ def _parser() -> argparse.ArgumentParser:
                    "one stored tile only feeds the next gemm keeps its accumulator, and its backward runs in the gemm "
                    "that computes its incoming gradient (pattern D); recompute: every backward epilogue runs in a gemm "
                    "that recomputes its forward accumulator (less memory, more flops)")
+    c.add_argument("--shape", metavar="SIZES", help="also print what is saved (bytes) and recomputed (flops) at "
+                   "these sizes, e.g. M=8192,D=4096,F=14336")
     c.add_argument("--check", metavar="SIZES", help="also run both on random inputs of these sizes (e.g. M=33,D=48) "
                    "with the float64 interpreter and compare the gradients with torch.autograd")
 

@@ -216,3 +216,13 @@ def test_cli_grad_prints_a_program_that_compiles(tmp_path, capsys):
     assert err.count("relative error") == 3
     assert main(["grad", str(S / "bias_gelu.epi"), "--wrt", "nope"]) == 1
     assert "E902" in capsys.readouterr().err
+
+
+def test_ledger_says_what_is_saved_and_recomputed():
+    sizes = dict(M=64, D=32, F=48)
+    saved = _derive("prenorm_mlp").ledger(sizes)
+    recomputed = _derive("prenorm_mlp", policy="recompute").ledger(sizes)
+    assert f"saved by the forward: gate_up_acc bf16[M, 2*F] = {64 * 96 * 2:,} B" in saved
+    assert not any("gemm gate_up " in line for line in saved)
+    assert f"recomputed in the backward: gemm gate_up ({2 * 64 * 32 * 96:,} flops)" in recomputed
+    assert sum("gemm o_proj" in line for line in saved) == 2      # RMSNorm's two stages

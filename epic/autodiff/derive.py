@@ -39,6 +39,29 @@ class Derivation:
     upstream: dict[str, str]          # forward output -> backward input holding its gradient
     saved: dict[str, str]             # forward tensor kept for the backward -> why
     renamed_inputs: dict[str, str] = field(default_factory=dict)  # backward input -> forward input it is (transposed)
+    recomputed: list[str] = field(default_factory=list)           # forward gemms the backward runs again
+
+    def ledger(self, sizes: dict[str, int]) -> list[str]:
+        """What the derivation decided, in bytes and flops at these sizes: the tensors the forward
+        keeps for the backward, and the forward gemms the backward recomputes."""
+        from .. import sizes as sizes_mod
+        from ..frontend.lower import load_program
+        fwd = load_program(self.forward_text, "<forward>", ".")
+        lines, total = [], 0
+        for name in self.saved:
+            t = fwd.tensors[name]
+            count = 1
+            for dim in t.dims:
+                count *= sizes_mod.evaluate(dim, sizes)
+            nbytes = count * max(t.dtype.bits, 8) // 8
+            total += nbytes
+            lines.append(f"saved by the forward: {name} {t.describe()} = {nbytes:,} B")
+        lines.append(f"saved in all: {total:,} B")
+        for name in self.recomputed:
+            k = self.program.kernel(name)
+            flops = 2 * sizes_mod.evaluate(k.rows, sizes) * sizes_mod.evaluate(k.k, sizes) * sizes_mod.evaluate(k.n, sizes)
+            lines.append(f"recomputed in the backward: gemm {name} ({flops:,} flops)")
+        return lines
 
     @property
     def has_kernels(self) -> bool:
@@ -85,6 +108,7 @@ class _Deriver:
         self.st = straight_through
         self.policy = policy
         self.saved_tiles: dict[str, str] = {}            # saved accumulator -> the forward gemm that stores it
+        self.recomputed: list[str] = []
         self.names = _Names(program)
         self.gemms: list[GemmText] = []
         self.kernel_dims: list[tuple] = []              # (rows, n) of each emitted gemm
@@ -386,6 +410,7 @@ class _Deriver:
             self._declare_operand(k.a)
             b_text = f"{k.b}: {_type(b.dtype, b.dims)}" if k.b not in self.declared else k.b
             self.declared.add(k.b)
+            self.recomputed.append(k.name)
             g = GemmText(self.names.fresh(f"{k.name}_bwd" if stages == 1 else f"{k.name}_bwd{s}"), k.a, b_text,
                          comment=f"backward of gemm {k.name}'s epilogue" + (f", stage {s + 1} of {stages}"
                                                                              if stages > 1 else ""))
@@ -575,7 +600,7 @@ def derive(program: Program, wrt: list[str] | None = None, straight_through: boo
                       + "; the forward's inputs; and what it saved: " + (", ".join(d.saved) or "nothing"))
     text = "\n".join(f"# {line}" for line in header) + "\n" + backward
     return Derivation(program, forward, text, wrt, grads, {n for n in grads if n in d.transposed},
-                      dict(d.upstream), dict(d.saved), dict(d.renamed))
+                      dict(d.upstream), dict(d.saved), dict(d.renamed), list(d.recomputed))
 
 
 def derive_source(path_or_text, wrt: list[str] | None = None, straight_through: bool = False,
