@@ -1,0 +1,189 @@
+"""Train a HuggingFace Llama with epic programs, forward and backward (the way Liger's
+apply_liger_kernel_to_llama patches a model):
+
+    model = LlamaForCausalLM(config).bfloat16().cuda()
+    epic.integrations.apply_epic_to_llama(model)
+    loss = model(input_ids=ids, labels=labels).loss       # no logits are made
+    loss.backward()
+
+Each decoder layer's o_proj + residual + post-attention RMSNorm + gate/up + SwiGLU + down + residual
+runs as one program (programs.DECODER_MLP), and the LM head + cross entropy as another
+(programs.LM_HEAD_LOSS); their backward programs are derived by epic (epic.autograd). Attention, the
+input RMSNorm, the embedding and the final norm stay HuggingFace's. Parameters and state_dict keys
+are not changed: the interleaved gate/up operand is built from gate_proj and up_proj on each call.
+"""
+from __future__ import annotations
+
+import inspect
+import types
+
+import torch
+
+from ..diagnostics import error
+from . import programs
+
+_FALLBACKS = ("never", "auto", "eager", "compiled")
+_ORIGINAL: dict[type, types.FunctionType] = {}     # a class -> its own forward, which the patched one binds arguments by and falls back on
+
+
+def apply_epic_to_llama(model=None, *, mlp: bool = True, cross_entropy: bool = True, fallback: str = "never"):
+    """Patch a LlamaForCausalLM instance (or, with model=None, the classes, so that models made
+    afterwards run epic). fallback: as epic.compile's ("eager" runs the unfused torch form: no GPU)."""
+    from transformers.models.llama import modeling_llama as m
+    return apply_epic(m.LlamaForCausalLM, m.LlamaDecoderLayer, model, mlp=mlp, cross_entropy=cross_entropy,
+                      fallback=fallback)
+
+
+def apply_epic(causal_cls: type, layer_cls: type, model=None, *, mlp: bool = True, cross_entropy: bool = True,
+               fallback: str = "never"):
+    """Patch a model whose decoder layers are Llama's (self_attn.o_proj, post_attention_layernorm,
+    mlp.gate_proj/up_proj/down_proj) and whose causal-LM head is model.lm_head."""
+    if fallback not in _FALLBACKS:
+        raise error("E608", f"fallback must be one of {', '.join(_FALLBACKS)}, got {fallback!r}")
+    originals = {"layer": _ORIGINAL.setdefault(layer_cls, layer_cls.forward),
+                 "causal": _ORIGINAL.setdefault(causal_cls, causal_cls.forward)}
+    options = {"fallback": fallback, "layer_returns_tuple": _returns_tuple(originals["layer"]), **originals}
+    if model is None:
+        if mlp:
+            layer_cls.forward = _decoder_forward
+            layer_cls._epic_options = options
+        if cross_entropy:
+            causal_cls.forward = _causal_lm_forward
+            causal_cls._epic_options = options
+        return None
+    if not isinstance(model, causal_cls):
+        raise error("E610", f"expected a {causal_cls.__name__}, got {type(model).__name__}",
+                    hint="pass the causal-LM model itself (the one with .lm_head), or model=None to patch the classes")
+    if mlp:
+        for layer in [mod for mod in model.modules() if isinstance(mod, layer_cls)]:
+            _check_layer(layer)
+            layer._epic_options = options
+            layer.forward = types.MethodType(_decoder_forward, layer)
+    if cross_entropy:
+        _check_lm_head(model)
+        model._epic_options = options
+        model.forward = types.MethodType(_causal_lm_forward, model)
+    return model
+
+
+def _check_layer(layer) -> None:
+    mlp, attn = layer.mlp, layer.self_attn
+    linears = {"self_attn.o_proj": attn.o_proj, "mlp.gate_proj": mlp.gate_proj, "mlp.up_proj": mlp.up_proj,
+               "mlp.down_proj": mlp.down_proj}
+    for name, lin in linears.items():
+        if getattr(lin, "bias", None) is not None:
+            raise error("E610", f"{name} has a bias; the epic decoder program has none",
+                        hint="patch with mlp=False (config.attention_bias / config.mlp_bias)")
+    act = getattr(getattr(mlp, "config", None), "hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise error("E610", f"the MLP's activation is {act!r}; the epic decoder program computes SwiGLU (silu)",
+                    hint="patch with mlp=False")
+
+
+def _check_lm_head(model) -> None:
+    if getattr(model.lm_head, "bias", None) is not None:
+        raise error("E610", "lm_head has a bias; the epic cross-entropy program has none",
+                    hint="patch with cross_entropy=False")
+
+
+def _bf16(what: str, *tensors: torch.Tensor) -> None:
+    for t in tensors:
+        if t.dtype != torch.bfloat16:
+            raise error("E610", f"{what} is {t.dtype}; the epic programs take bfloat16",
+                        hint="convert the model with model.bfloat16() (or patch with mlp=False, cross_entropy=False)")
+
+
+class _Bypassed:
+    """o_proj returns its input while the fused layer runs self_attn: the program does o_proj."""
+
+    def __init__(self, linear: torch.nn.Module):
+        self.linear = linear
+
+    def __enter__(self):
+        self.linear.forward = _identity
+
+    def __exit__(self, *exc):
+        del self.linear.forward
+
+
+def _identity(x):
+    return x
+
+
+def _decoder_forward(self, hidden_states, **kwargs):
+    """The layer with its second half as one program; the rest (attention's arguments: the mask,
+    position embeddings, cache...) goes to self_attn as HuggingFace's layer passes it."""
+    mlp, norm, wo = self.mlp, self.post_attention_layernorm, self.self_attn.o_proj.weight
+    _bf16("the decoder layer's input", hidden_states)
+    _bf16("a decoder layer's weight", wo, norm.weight, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+    residual = hidden_states
+    with _Bypassed(self.self_attn.o_proj):
+        attn = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)[0]
+    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
+    program = programs.decoder_mlp(float(eps), self._epic_options["fallback"])
+    # the [D, 2F] K-major gate/up operand: rows 2k, 2k+1 of the [2F, D] stack are gate_k, up_k
+    wgu = torch.stack((mlp.gate_proj.weight, mlp.up_proj.weight), dim=1).reshape(-1, mlp.gate_proj.weight.shape[1]).t()
+    d = residual.shape[-1]
+    y = program(attn=attn.reshape(-1, attn.shape[-1]), wo=wo.t(), z=residual.reshape(-1, d), gamma=norm.weight,
+                wgu=wgu, wd=mlp.down_proj.weight.t())["y"]
+    y = y.reshape(residual.shape)
+    return (y,) if self._epic_options["layer_returns_tuple"] else y
+
+
+def _returns_tuple(forward) -> bool:
+    """Older transformers' decoder layers return (hidden_states, ...); 4.54 and later the tensor."""
+    annotation = inspect.signature(forward).return_annotation
+    return "tuple" in str(annotation).lower()
+
+
+def _causal_lm_forward(self, *args, **kwargs):
+    original = self._epic_options["causal"]
+    bound = inspect.signature(original).bind(self, *args, **kwargs).arguments
+    bound.pop("self", None)
+    labels = bound.pop("labels", None)
+    if labels is None:
+        return types.MethodType(original, self)(**bound.pop("kwargs", {}), **bound)
+    logits_to_keep = bound.pop("logits_to_keep", 0)
+    return_dict = bound.pop("return_dict", None)
+    extra = bound.pop("kwargs", {})
+    num_items = extra.get("num_items_in_batch")
+    shift_labels = extra.pop("shift_labels", None)
+    ignore_index = extra.pop("ignore_index", -100)
+    outputs = self.model(**bound, **extra)
+    hidden = outputs[0]
+    if isinstance(logits_to_keep, int):
+        hidden = hidden[:, -logits_to_keep:, :] if logits_to_keep else hidden
+    else:
+        hidden = hidden[:, logits_to_keep, :]
+    loss = lm_head_loss(self, hidden, labels, shift_labels, num_items, ignore_index)
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+    rest = {k: v for k, v in outputs.items() if k != "last_hidden_state"} if hasattr(outputs, "items") else {}
+    result = CausalLMOutputWithPast(loss=loss, logits=None, **rest)
+    return result.to_tuple() if return_dict is False else result
+
+
+def lm_head_loss(model, hidden: torch.Tensor, labels: torch.Tensor | None, shift_labels: torch.Tensor | None = None,
+                 num_items_in_batch=None, ignore_index: int = -100) -> torch.Tensor:
+    """HuggingFace's causal-LM loss (labels shifted left, ignore_index rows not counted, the mean over
+    counted tokens or the sum over num_items_in_batch) by the LM head + cross entropy program."""
+    vocab = model.lm_head.weight.shape[0]
+    if shift_labels is None:
+        shift_labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    label = shift_labels.reshape(-1).to(hidden.device)
+    bad = ((label < 0) & (label != ignore_index)) | (label >= vocab)
+    if bool(bad.any()):
+        raise error("E610", f"a label is outside the vocabulary [0, {vocab}) and is not ignore_index "
+                    f"({ignore_index}): got {int(label[bad][0])}", hint="check the tokenizer's vocabulary against "
+                    "config.vocab_size, and mark tokens not trained on with ignore_index")
+    label = torch.where(label == ignore_index, -1, label).to(torch.int32)
+    x = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+    _bf16("the LM head's input", x)
+    _bf16("lm_head.weight", model.lm_head.weight)
+    program = programs.lm_head_loss(model._epic_options["fallback"])
+    rows = program(x=x, w=model.lm_head.weight.t(), label=label)["loss"]
+    total = rows.sum()
+    if num_items_in_batch is not None:
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+    return total / (label >= 0).sum()
