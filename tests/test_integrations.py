@@ -79,11 +79,15 @@ def test_the_post_attention_norm_s_eps_is_the_model_s():
     _assert_same_training(ref, apply_epic_to_llama(copy.deepcopy(ref), fallback="eager"))
 
 
-def test_num_items_in_batch_sums_over_the_given_count():
-    """HF's gradient-accumulation loss: the sum over counted tokens divided by num_items_in_batch."""
+@pytest.mark.parametrize("loss_kw", ["num_items_in_batch", "shift_labels"])
+def test_huggingface_s_loss_arguments(loss_kw):
+    """num_items_in_batch (the Trainer's gradient accumulation: the sum over counted tokens divided by
+    it) and shift_labels (labels already shifted: used as they are) mean what they mean to HF."""
     ref = _model()
     patched = apply_epic_to_llama(copy.deepcopy(ref), fallback="eager")
-    _assert_same_training(ref, patched, num_items_in_batch=torch.tensor(50))
+    _, labels = _batch(seed=2)
+    value = torch.tensor(50) if loss_kw == "num_items_in_batch" else labels
+    _assert_same_training(ref, patched, **{loss_kw: value})
 
 
 @pytest.mark.parametrize("part", ["mlp", "cross_entropy"])
@@ -124,7 +128,19 @@ def test_patching_the_classes_applies_to_models_made_afterwards(monkeypatch):
     assert _model()(input_ids=ids, labels=labels).logits is not None, "undone: HF's forward again"
 
 
-def _code(call) -> str:
+def test_both_programs_generate_code_forward_and_backward():
+    """What the fused path would build (bench/train_llama.py --prebuild lists it the same way): every
+    kernel of the forward and backward programs, through code generation (no E702), without nvcc."""
+    from epic.integrations import programs
+    dims = dict(M=4096, E=1024, D=1024, F=2816, V=32000)
+    for f in (programs.decoder_mlp(1e-5, "never"), programs.lm_head_loss("never")):
+        for prog in (f.forward, f.backward):
+            sizes = {k: v for k, v in dims.items() if k in prog.program.dims}
+            names = [u.name for _, u in prog.units(sizes)]
+            assert names and all(u.source for _, u in prog.units(sizes)), names
+
+
+def _code(call) -> tuple[str, str]:
     with pytest.raises(EpicError) as info:
         call()
     return info.value.codes[0], str(info.value)

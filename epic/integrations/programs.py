@@ -64,15 +64,15 @@ class _KMajorRenamed:
     declares it K-major (E605): such an operand is handed over as a K-major copy (a weight, [D, F])."""
 
     def __init__(self, program, names: list[str]):
-        self.program, self.names = program, names
+        self._compiled, self._names = program, names
 
     def __getattr__(self, name):
-        return getattr(self.program, name)
+        return getattr(self._compiled, name)
 
     def __call__(self, **feed):
-        tensors = self.program.analysis.source_program.tensors
-        for name in self.names:
+        tensors = self._compiled.analysis.source_program.tensors
+        for name in self._names:
             x = feed.get(name)
             if x is not None and tensors[name].layout == "kmajor" and x.dim() == 2 and x.stride(0) != 1:
                 feed[name] = x.t().contiguous().t()
-        return self.program(**feed)
+        return self._compiled(**feed)
