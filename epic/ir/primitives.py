@@ -20,7 +20,7 @@ from typing import Callable
 from .. import dtypes
 from ..dtypes import BOOL, F32, I32, DType
 from ..lazy import torch
-from ..shapes import COL, SCALAR, TILE, Kind, Shape, broadcast
+from ..shapes import COL, SCALAR, TILE, Dim, Kind, Shape, broadcast
 
 
 class TypeRuleError(Exception):
@@ -50,6 +50,59 @@ class Family(enum.Enum):
 COSTLY = 4   # cost at which a value shared by several outputs is computed once, not recomputed
 
 
+# ------------------------------------------------------------------------------------------ attributes
+# What a record's attributes may hold: name -> a check of the value (None when it fits, else why not).
+# The typed constructor (ir.typing.infer, so ir.core.make and the IR verifier) refuses a value whose
+# attributes are unknown to its record, missing, or of the wrong type.
+def _is(*types):
+    names = "/".join(t.__name__ for t in types)
+    return lambda x: None if isinstance(x, types) and not isinstance(x, bool) else f"a {names}, not {x!r}"
+
+
+def _one_of(*choices):
+    return lambda x: None if x in choices else f"one of {', '.join(map(str, choices))}, not {x!r}"
+
+
+def _reduction_name(x):
+    return None if x in REDUCTIONS else f"a reduction function ({', '.join(REDUCTIONS)}), not {x!r}"
+
+
+def _power_of_two(x):
+    return None if isinstance(x, int) and not isinstance(x, bool) and x > 0 and not x & (x - 1) else \
+        f"a power of two, not {x!r}"
+
+
+def _integer_exponent(x):
+    return None if isinstance(x, int) and not isinstance(x, bool) and -64 <= x <= 64 else \
+        f"an integer from -64 to 64, not {x!r}"
+
+
+_NUMBER = _is(int, float)
+_SIZE = lambda x: None if isinstance(x, (Dim, int)) and not isinstance(x, bool) else f"a size, not {x!r}"   # noqa: E731
+_WIDTH = lambda x: None if isinstance(x, (int, float)) or type(x).__name__ == "Fraction" else \
+    f"a width (a fraction of N), not {x!r}"  # noqa: E731
+OPTIONAL = "?"    # a schema name ending in this is optional
+
+
+def attribute_problem(op: str, attrs: dict) -> str | None:
+    """Why `attrs` do not fit the record of `op` (None when they do)."""
+    schema = PRIMITIVES[op].attrs
+    known = {k.rstrip(OPTIONAL) for k in schema}
+    for key in attrs:
+        if key not in known:
+            return f"{op} has no attribute '{key}' (it has: {', '.join(sorted(known)) or 'none'})"
+    for key, check in schema.items():
+        name = key.rstrip(OPTIONAL)
+        if name not in attrs:
+            if key.endswith(OPTIONAL):
+                continue
+            return f"{op} needs the attribute '{name}'"
+        why = check(attrs[name])
+        if why:
+            return f"{op}'s attribute '{name}' must be {why}"
+    return None
+
+
 @dataclass(frozen=True)
 class Primitive:
     name: str                           # the op name in the IR
@@ -75,6 +128,7 @@ class Primitive:
     # reverse-mode derivative: (b, g) -> one cotangent per operand (None: no gradient flows there), built
     # with the epic/autodiff/builder.py helpers b (b.x(i) the operands, b.y the result); None: a leaf
     vjp: Callable | None = None
+    attrs: dict = field(default_factory=dict)   # attribute name ("name?" optional) -> check (see above)
     show: Callable = field(default=lambda attrs: "")   # attribute text in IR dumps
     doc: str = ""
 
@@ -319,16 +373,19 @@ def _block_quant_ref(xs, attrs):
 _PRIMS = [
     # ---- sources (operand-free values); their meaning needs the interpreter's context
     Primitive("acc", Family.SOURCE, 0, lambda args, attrs: (attrs.get("dtype", F32), TILE),
+              attrs={"dtype?": _is(DType)},
               ref=lambda it, v, xs: it.accumulator(), context=True, keyword="acc",
               doc="the accumulator tile of the gemm (f32; i32 for int8 x int8 gemms)"),
     Primitive("load", Family.SOURCE, 0, _from_attrs, ref=lambda it, v, xs: it.load(v), context=True,
+              attrs={"tensor": _is(str), "dtype": _is(DType), "shape": _is(Shape), "period?": _is(Dim)},
               reads="tensor", show=lambda a: a["tensor"] + (f" every {a['period']} columns" if "period" in a else ""),
               doc="a program input or an earlier gemm's stored tensor"),
     Primitive("const", Family.SOURCE, 0, lambda args, attrs: (attrs["dtype"], SCALAR),
+              attrs={"value": _NUMBER, "dtype": _is(DType)},
               ref=lambda it, v, xs: it.constant(float(v.attrs["value"])), context=True,
               show=lambda a: _fmt_num(a["value"]) if a["dtype"].is_int else repr(float(a["value"])),
               doc="a literal number"),
-    Primitive("dim", Family.SOURCE, 0, _fixed(I32, SCALAR), ref=lambda it, v, xs: it.dim_value(v.attrs["dim"]),
+    Primitive("dim", Family.SOURCE, 0, _fixed(I32, SCALAR), attrs={"dim": _is(Dim)}, ref=lambda it, v, xs: it.dim_value(v.attrs["dim"]),
               context=True, show=lambda a: str(a["dim"]), doc="a dimension's size (D, 2*F) used as a value"),
     Primitive("row_index", Family.SOURCE, 0, _fixed(I32, COL), ref=lambda it, v, xs: it.coordinate("row"),
               context=True, keyword="row", cost=0, doc="the row index of each element (a column vector)"),
@@ -396,7 +453,7 @@ _PRIMS = [
                  doc="-1, 0 or +1 (zero keeps its sign; nan stays nan)"),
     Primitive("powi", Family.ELEMENTWISE, 1, _unary_rule("powi", True),
               ref=lambda xs, a: _powi(xs[0], a["exp"]), cxx=_cxx_powi, operator="x ** n", fold=True,
-              int_results=True, algebra="power", show=lambda a: str(a["exp"]),
+              int_results=True, algebra="power", show=lambda a: str(a["exp"]), attrs={"exp": _integer_exponent},
               vjp=lambda b, g: (None if b.v.attrs["exp"] == 0 else b.mul(g, b.mul(
                   b.c(float(b.v.attrs["exp"])), b.op("powi", b.x(0), exp=b.v.attrs["exp"] - 1))),),
               doc="integer power (n an integer literal from -64 to 64)"),
@@ -431,7 +488,7 @@ _PRIMS = [
               vjp=lambda b, g: (None, b.where(b.x(0), g), b.where(b.x(0), None, g)), doc="select(cond, a, b): a where cond holds, else b"),
 
     # ---- casts: surface names are the dtype names (f32(x), bf16(x), e4m3(x), ...)
-    Primitive("cast", Family.CAST, 1, _cast_rule, ref=lambda it, v, xs: it.round(xs[0], v.attrs["to"]),
+    Primitive("cast", Family.CAST, 1, _cast_rule, attrs={"to": _is(DType)}, ref=lambda it, v, xs: it.round(xs[0], v.attrs["to"]),
               context=True, show=lambda a: str(a["to"]), vjp=lambda b, g: (b.through_rounding(g),),
               doc="round to a dtype: fp8 and integer casts saturate, integers round half to even"),
 
@@ -448,19 +505,23 @@ _PRIMS = [
               vjp=lambda b, g: (b.op("even", g), b.op("odd", g)) if g.shape.has_columns else (g, g), doc="columns a0 b0 a1 b1 ... (the width doubles)"),
 
     # ---- reductions; the function (sum, max, ...) is an attribute naming a Reduction below
-    Primitive("reduce", Family.REDUCE, 1, _reduce_rule, ref=lambda it, v, xs: it.reduce(v, xs[0]), context=True,
+    Primitive("reduce", Family.REDUCE, 1, _reduce_rule, attrs={"axis": _one_of("row", "col"), "fn": _reduction_name}, ref=lambda it, v, xs: it.reduce(v, xs[0]), context=True,
               show=lambda a: f"{a['axis']} {a['fn']}", vjp=lambda b, g: (b.reduction_vjp(g),), doc="a whole row (-> column vector) or column (-> row vector)"),
-    Primitive("block_reduce", Family.BLOCK, 1, _block_rule, ref=lambda it, v, xs: it.block_reduce(v, xs[0]),
+    Primitive("block_reduce", Family.BLOCK, 1, _block_rule, attrs={"fn": _reduction_name, "block": _power_of_two}, ref=lambda it, v, xs: it.block_reduce(v, xs[0]),
               context=True, show=lambda a: f"{a['fn']} 1x{a['block']}", vjp=lambda b, g: (b.reduction_vjp(g),),
               doc="each 1xB block of a row"),
-    Primitive("partial", Family.PARTIAL, 1, _partial_rule, ref=lambda it, v, xs: it.partial(v, xs[0]),
+    Primitive("partial", Family.PARTIAL, 1, _partial_rule,
+              attrs={"axis": _one_of("row", "col"), "fn": _reduction_name, "buffer": _is(str)}, ref=lambda it, v, xs: it.partial(v, xs[0]),
               context=True, show=lambda a: f"{a['axis']} {a['fn']} -> {a['buffer']}",
               doc="per-tile partials of a reduction (split-reductions)"),
-    Primitive("combine", Family.COMBINE, 0, _combine_rule, ref=lambda it, v, xs: it.combine(v), context=True,
+    Primitive("combine", Family.COMBINE, 0, _combine_rule,
+              attrs={"axis": _one_of("row", "col", "all"), "fn": _reduction_name, "buffer": _is(str), "width": _SIZE,
+                     "of_width": _WIDTH}, ref=lambda it, v, xs: it.combine(v), context=True,
               reads="buffer", show=lambda a: f"{a['axis']} {a['fn']} <- {a['buffer']}",
               doc="partials merged in tile order (a combine kernel)"),
     # ---- idioms as internal ops (made by passes, never written): code generation matches the op
     Primitive("block_quant", Family.BLOCK, 2, _block_quant_rule, ref=_block_quant_ref,
+              attrs={"block": _power_of_two, "floor": _NUMBER, "qmax": _NUMBER},
               show=lambda a: f"1x{a['block']} floor {_fmt_num(a['floor'])} qmax {_fmt_num(a['qmax'])}",
               doc="x / s for a tile x and its 1xB block scale s = max(block_amax(x, B), floor) / qmax "
                   "(the block-quant pass; attributes block, floor, qmax)"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import dtypes
 from ..dtypes import DType
 from ..shapes import Kind, Shape
-from .primitives import PRIMITIVES, Family, TypeRuleError
+from .primitives import PRIMITIVES, Family, TypeRuleError, attribute_problem
 
 __all__ = ["TypeRuleError", "infer", "check_storable", "depends_on_whole_reduce"]
 
@@ -16,6 +16,9 @@ def infer(op: str, args: tuple, attrs: dict) -> tuple[DType, Shape]:
         raise TypeRuleError("E211", f"no primitive named '{op}'")
     if len(args) != p.arity:
         raise TypeRuleError("E203", f"{op} takes {p.arity} operand(s), got {len(args)}")
+    why = attribute_problem(op, attrs)
+    if why:     # only epic itself builds attributes: a bug, not the user's program
+        raise TypeRuleError("E599", f"internal: {why}")
     return p.rule(tuple(args), attrs)
 
 
