@@ -226,3 +226,25 @@ def test_ledger_says_what_is_saved_and_recomputed():
     assert not any("gemm gate_up " in line for line in saved)
     assert f"recomputed in the backward: gemm gate_up ({2 * 64 * 32 * 96:,} flops)" in recomputed
     assert sum("gemm o_proj" in line for line in saved) == 2      # RMSNorm's two stages
+
+
+EVERY = {"every_primitive": ["x", "w"], "every_primitive_custom": None}   # every_primitive's z meets quantizing casts
+
+
+@pytest.mark.parametrize("name", list(EVERY))
+def test_every_primitives_derivative_matches_autograd(name):
+    """tests/programs/every_primitive*.epi use every primitive (a test holds them to it); their
+    derived gradients equal torch.autograd's. Its gemms share x and w: their gradients are sums."""
+    d = D.derive_source(str(ROOT / "tests" / "programs" / f"{name}.epi"), EVERY[name], path=True)
+    sizes = {k: v for k, v in dict(M=37, K=24, N=48, D=40, P=64, F=24).items() if k in d.program.dims}
+    errors = check.compare(d, sizes, seed=3)
+    assert max(errors.values()) < 1e-10, errors
+
+
+def test_every_derivative_rule_is_exercised():
+    ops = set()
+    for name, wrt in EVERY.items():
+        d = D.derive_source(str(ROOT / "tests" / "programs" / f"{name}.epi"), wrt, path=True)
+        ops |= {v.op for k in d.program.kernels for v in k.values}
+    from epic.ir import primitives as P
+    assert not {o for o, p in P.PRIMITIVES.items() if p.vjp} - ops

@@ -195,10 +195,16 @@ class _Deriver:
         if P.is_load(v) and v.attrs["tensor"] in self.declared and v.dtype.name in SMOOTH_CASTS:
             return self._load(v.attrs["tensor"], v.dtype, self._dims_of(v.attrs["tensor"]), rows, n)
         name = self.names.fresh(f"d_{tensor}_part")
+        dims = self._grad_dims(tensor)
         dtype = t.dtype if t.dtype.name in SMOOTH_CASTS and t.dims and len(t.dims) == 2 else F32
-        self.gemms[piece.at].stores.append(("tmp", name, _type(dtype, t.dims), v))
-        self._remember_dims(name, t.dims)
-        return self._load(name, dtype, t.dims, rows, n)
+        self.gemms[piece.at].stores.append(("tmp", name, _type(dtype, dims), v))
+        self._remember_dims(name, dims)
+        return self._load(name, dtype, dims, rows, n)
+
+    def _grad_dims(self, tensor: str) -> tuple:
+        """The dims of a tensor's gradient: a K-major B operand's is dB^T ([N, K], the weight's layout)."""
+        t = self.p.tensors[tensor]
+        return (t.dims[1], t.dims[0]) if self._is_kmajor_b(tensor) else t.dims
 
     def _remember_dims(self, name: str, dims) -> None:
         self.declared.add(name)
@@ -474,7 +480,7 @@ class _Deriver:
                 if other is not last:
                     value = make("add", (value, self._materialize(name, other, rows, n)), {})
             out = self.names.fresh(f"d_{name}")
-            dims = t.dims if not self._is_kmajor_b(name) else (t.dims[1], t.dims[0])
+            dims = self._grad_dims(name)
             dtype = t.dtype
             self.gemms[last.at].stores.append(("out", out, _type(dtype, dims), value))
             grads[name] = out
