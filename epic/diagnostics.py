@@ -67,7 +67,7 @@ CODES = {
     "E802": "the program file cannot be read (missing, a directory, not UTF-8 text, or too large)",
     "E901": "a gradient would flow through something without a derivative (a quantizing cast or store)",
     "E902": "--wrt names something that has no gradient (unknown, an integer tensor, a scalar, an output)",
-    "E903": "a derivative epic does not derive yet (the message says which)",
+    "E903": "a derivative not derived yet, or a backward chunk_rows would change (the message says which)",
 }
 
 

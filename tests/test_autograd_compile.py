@@ -2,6 +2,7 @@
 unfused torch form: one graph (fullgraph=True), and outputs and gradients equal to eager calls."""
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
 import epic
 
@@ -71,3 +72,17 @@ gemm a(x: bf16[M, D] @ w: bf16[D, N]) {
     assert y.requires_grad and not q.requires_grad and not scale.requires_grad
     assert scale.dtype == torch.float32
 
+
+
+def test_one_graph_for_every_row_count_with_dynamic_shapes():
+    f = epic.autograd(S / "cross_entropy.epi", fallback="eager", chunk_rows=7)
+    counter = CompileCounterWithBackend("aot_eager")
+
+    def step(x, w, label):
+        return f(x=x, w=w.t(), label=label)["loss"].sum()
+    compiled = torch.compile(step, fullgraph=True, dynamic=True, backend=counter)
+    for m in (30, 45):
+        leaves = _leaves(m, x=(m, 32), w=(48, 32))
+        label = torch.randint(0, 48, (m,), generator=torch.Generator().manual_seed(m), dtype=torch.int32)
+        _same(_run(lambda **a: step(**a, label=label), leaves), _run(lambda **a: compiled(**a, label=label), leaves))
+    assert counter.frame_count == 1
