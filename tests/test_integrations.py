@@ -97,6 +97,28 @@ def test_each_part_can_be_patched_alone(part):
     _assert_same_training(ref, patched, no_logits=part == "mlp")
 
 
+def test_return_dict_false_gives_a_tuple_led_by_the_loss():
+    patched = apply_epic_to_llama(_model(), fallback="eager")
+    ids, labels = _batch()
+    out = patched(input_ids=ids, labels=labels, return_dict=False)
+    assert isinstance(out, tuple)
+    torch.testing.assert_close(out[0], patched(input_ids=ids, labels=labels).loss)
+
+
+def test_gradient_checkpointing_recomputes_the_programs(monkeypatch):
+    from epic.integrations import programs
+    calls = []
+    real = programs.decoder_mlp
+    monkeypatch.setattr(programs, "decoder_mlp", lambda *a: calls.append(a) or real(*a))
+    ref = _model()
+    patched = apply_epic_to_llama(copy.deepcopy(ref), fallback="eager")
+    for m in (ref, patched):
+        (getattr(m, "activation_checkpointing_enable", None) or m.gradient_checkpointing_enable)()
+        m.train()
+    _assert_same_training(ref, patched)
+    assert len(calls) == 2 * 2, "each of the 2 layers runs its program in the forward and again in the backward"
+
+
 def test_without_labels_the_logits_are_huggingface_s():
     ref = _model()
     patched = apply_epic_to_llama(copy.deepcopy(ref), fallback="eager")
@@ -200,6 +222,7 @@ def _fsdp_worker(rank: int, world: int, port: int, result: str):
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
+        assert isinstance(model.lm_head.weight, torch.distributed.tensor.DTensor), "the parameters are sharded"
         ids, labels = _batch(ignored=False)
         losses = _train(model, ids[rank:rank + 1], labels[rank:rank + 1])
         dist.all_reduce(losses)

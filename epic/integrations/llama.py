@@ -45,7 +45,7 @@ def apply_epic(causal_cls: type, layer_cls: type, model=None, *, mlp: bool = Tru
     options = {"fallback": fallback, "layer_returns_tuple": _returns_tuple(originals["layer"]), **originals}
     if model is None:
         if mlp:
-            layer_cls.forward = _decoder_forward
+            layer_cls.forward = _fused_layer_class(layer_cls).forward
             layer_cls._epic_options = options
         if cross_entropy:
             causal_cls.forward = _causal_lm_forward
@@ -58,12 +58,27 @@ def apply_epic(causal_cls: type, layer_cls: type, model=None, *, mlp: bool = Tru
         for layer in [mod for mod in model.modules() if isinstance(mod, layer_cls)]:
             _check_layer(layer)
             layer._epic_options = options
-            layer.forward = types.MethodType(_decoder_forward, layer)
+            if not isinstance(layer, tuple(_FUSED.values())):
+                layer.__class__ = _fused_layer_class(type(layer))
     if cross_entropy:
         _check_lm_head(model)
         model._epic_options = options
         model.forward = types.MethodType(_causal_lm_forward, model)
     return model
+
+
+_FUSED: dict[type, type] = {}
+
+
+def _fused_layer_class(cls: type) -> type:
+    """cls with the fused forward. A subclass, not a forward set on the instance: transformers 5 wraps
+    each decoder layer class's forward for gradient checkpointing as the class is made (only the
+    class's own forward checkpoints), and state_dict keys do not depend on the class."""
+    if cls not in _FUSED:
+        name = f"Epic{cls.__name__}"
+        _FUSED[cls] = type(name, (cls,), {"forward": _decoder_forward, "__module__": __name__, "__qualname__": name})
+        globals()[name] = _FUSED[cls]      # found by name, as pickle looks a class up
+    return _FUSED[cls]
 
 
 def _check_layer(layer) -> None:
@@ -144,8 +159,8 @@ def _causal_lm_forward(self, *args, **kwargs):
     if labels is None:
         return types.MethodType(original, self)(**bound.pop("kwargs", {}), **bound)
     logits_to_keep = bound.pop("logits_to_keep", 0)
-    return_dict = bound.pop("return_dict", None)
     extra = bound.pop("kwargs", {})
+    return_dict = bound.pop("return_dict", extra.pop("return_dict", None))   # a decorator's argument in transformers 5
     num_items = extra.get("num_items_in_batch")
     shift_labels = extra.pop("shift_labels", None)
     ignore_index = extra.pop("ignore_index", -100)
