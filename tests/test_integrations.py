@@ -183,6 +183,17 @@ def test_a_model_the_programs_do_not_fit_is_refused_with_e610():
     assert code == "E610" and "bfloat16" in msg
 
 
+def test_patched_classes_refuse_a_model_they_do_not_fit_when_it_runs(monkeypatch):
+    from transformers.models.llama import modeling_llama as m
+    for cls in (m.LlamaDecoderLayer, m.LlamaForCausalLM):
+        monkeypatch.setattr(cls, "forward", cls.forward)
+        monkeypatch.setattr(cls, "_epic_options", None, raising=False)
+    apply_epic_to_llama(fallback="eager")
+    ids, labels = _batch()
+    code, msg = _code(lambda: _model(mlp_bias=True)(input_ids=ids, labels=labels))
+    assert code == "E610" and "bias" in msg
+
+
 def test_a_label_outside_the_vocabulary_is_refused_with_e610():
     patched = apply_epic_to_llama(_model(), fallback="eager")
     ids, labels = _batch()

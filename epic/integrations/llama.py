@@ -22,13 +22,13 @@ import torch
 from ..diagnostics import error
 from . import programs
 
-_FALLBACKS = ("never", "auto", "eager", "compiled")
-_ORIGINAL: dict[type, types.FunctionType] = {}     # a class -> its own forward, which the patched one binds arguments by and falls back on
+# a patched class -> HF's forward: the patched one binds arguments by it and runs it where epic does not apply
+_ORIGINAL: dict[type, types.FunctionType] = {}
 
 
 def apply_epic_to_llama(model=None, *, mlp: bool = True, cross_entropy: bool = True, fallback: str = "never"):
-    """Patch a LlamaForCausalLM instance (or, with model=None, the classes, so that models made
-    afterwards run epic). fallback: as epic.compile's ("eager" runs the unfused torch form: no GPU)."""
+    """Patch a LlamaForCausalLM instance (or, with model=None, the classes: every Llama model runs
+    epic). fallback: as epic.compile's ("eager" runs the unfused torch form: no GPU)."""
     from transformers.models.llama import modeling_llama as m
     return apply_epic(m.LlamaForCausalLM, m.LlamaDecoderLayer, model, mlp=mlp, cross_entropy=cross_entropy,
                       fallback=fallback)
@@ -38,8 +38,9 @@ def apply_epic(causal_cls: type, layer_cls: type, model=None, *, mlp: bool = Tru
                fallback: str = "never"):
     """Patch a model whose decoder layers are Llama's (self_attn.o_proj, post_attention_layernorm,
     mlp.gate_proj/up_proj/down_proj) and whose causal-LM head is model.lm_head."""
-    if fallback not in _FALLBACKS:
-        raise error("E608", f"fallback must be one of {', '.join(_FALLBACKS)}, got {fallback!r}")
+    from ..runtime.compiled import FALLBACKS
+    if fallback not in FALLBACKS:
+        raise error("E608", f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
     originals = {"layer": _ORIGINAL.setdefault(layer_cls, layer_cls.forward),
                  "causal": _ORIGINAL.setdefault(causal_cls, causal_cls.forward)}
     options = {"fallback": fallback, "layer_returns_tuple": _returns_tuple(originals["layer"]), **originals}
@@ -128,6 +129,7 @@ def _identity(x):
 def _decoder_forward(self, hidden_states, **kwargs):
     """The layer with its second half as one program; the rest (attention's arguments: the mask,
     position embeddings, cache...) goes to self_attn as HuggingFace's layer passes it."""
+    _check_layer(self)          # again: patching the classes checked no layer
     mlp, norm, wo = self.mlp, self.post_attention_layernorm, self.self_attn.o_proj.weight
     _bf16("the decoder layer's input", hidden_states)
     _bf16("a decoder layer's weight", wo, norm.weight, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
@@ -158,6 +160,7 @@ def _causal_lm_forward(self, *args, **kwargs):
     labels = bound.pop("labels", None)
     if labels is None:
         return types.MethodType(original, self)(**bound.pop("kwargs", {}), **bound)
+    _check_lm_head(self)
     logits_to_keep = bound.pop("logits_to_keep", 0)
     extra = bound.pop("kwargs", {})
     return_dict = bound.pop("return_dict", extra.pop("return_dict", None))   # a decorator's argument in transformers 5
