@@ -24,7 +24,7 @@ def _config(kind: str = "llama", **kw):
                   attn_implementation="eager")
     common.update(kw)
     if kind == "qwen3":
-        return transformers.Qwen3Config(head_dim=16, **common)
+        return transformers.Qwen3Config(head_dim=32, **common)      # heads x head_dim = 128: o_proj is [64, 128]
     return transformers.LlamaConfig(**common)
 
 
