@@ -43,21 +43,26 @@ def test_derived_backward_kernels_match_autograd(name, size):
         assert err < 3e-2, (k, err)
 
 
-def prebuild() -> None:
-    """Build every kernel these tests run, in parallel (`python -m tests.test_gpu_grad`), so that the
-    device run does not wait for one nvcc after another."""
+def units(names=None, sizes=None) -> list:
+    """The kernels these tests run (of these cases and sizes: default all)."""
     from epic.codegen import emit
-    from epic.runtime import build
-    units = []
-    for name in CASES:
+    out = []
+    for name in names or CASES:
         d = epic.grad(S / f"{name}.epi")
         for text in (d.forward_text, d.backward_text):
             prog = epic.compile(text)
-            for size in SIZES.values():
-                sizes = {k: v for k, v in size.items() if k in prog.program.dims}
-                configs = emit.kernel_configs(prog.program, sizes["M"], None, sizes)
-                units += [u for _, u in emit.units(prog.program, configs)]
-    unique = {u.name + str(hash(u.source)): u for u in units}
+            for size in (SIZES[s] for s in (sizes or SIZES)):
+                sizes_ = {k: v for k, v in size.items() if k in prog.program.dims}
+                configs = emit.kernel_configs(prog.program, sizes_["M"], None, sizes_)
+                out += [u for _, u in emit.units(prog.program, configs)]
+    return out
+
+
+def prebuild() -> None:
+    """Build every kernel these tests run, in parallel (`python -m tests.test_gpu_grad`), so that the
+    device run does not wait for one nvcc after another."""
+    from epic.runtime import build
+    unique = {u.name + str(hash(u.source)): u for u in units()}
     for p in build.build_all(list(unique.values())):
         print(p)
 
