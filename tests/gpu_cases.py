@@ -59,6 +59,10 @@ PROGRAMS = {
     "tests/programs/rmsnorm_out.epi": lambda m, n, k: dict(M=m, K=k, D=_up(n, 8), N=_up(k, 8)),
     # .T operands and a row-major B (a backward's dX and dW gemms)
     "tests/programs/backward_layouts.epi": lambda m, n, k: dict(M=m, K=_up(k, 8), N=_up(n, 8)),
+    # tiles half as wide as the accumulator read in the epilogue (SwiGLU's derived backward reads d_y so)
+    "tests/programs/half_width_load.epi": lambda m, n, k: dict(M=m, K=k, F=_up(n // 2, 8)),
+    "tests/programs/half_width_swiglu_bwd.epi": lambda m, n, k: dict(M=m, D=k, F=_up(n // 2, 8)),
+    "tests/programs/half_width_quant.epi": lambda m, n, k: dict(M=m, K=k, F=_up(n // 2, 128)),
 }
 # (M, N, K): tile multiples, then ragged (M = 1, 77, 8191; N, K not multiples of 128). M <= 256 gets
 # the pingpong 64x64 configuration, larger M pingpong 128x128 cluster 2x1, and 128x192 where N is a

@@ -124,6 +124,16 @@ class DoubleWidthLoad(AuxLoad):
         return _reads_tensor(v) and v.kind is Kind.TILE and v.shape.width == 2 and v.dtype in SIXTEEN_BIT
 
 
+class HalfWidthLoad(AuxLoad):
+    covers = ("tiles half as wide as the accumulator ([M, N/2]) in bf16, f16 or f32: column pair (2k, 2k+1) "
+              "reads column k")
+
+    @classmethod
+    def matches(cls, ctx, v) -> bool:
+        return (_reads_tensor(v) and v.kind is Kind.TILE and v.shape.width == Fraction(1, 2)
+                and v.dtype in SIXTEEN_BIT + (dtypes.F32,))
+
+
 class _VectorBroadcast(Pattern):
     """A vector read once per tile and broadcast along the rows (one value per column) or the columns."""
     kind = Kind.ROW
@@ -388,7 +398,7 @@ class BlockReduceScale(TileStore):
 
 
 LEAVES: list[type[Pattern]] = [AccFetch, ScalarBroadcast, AuxLoad, PeriodicRowBroadcast, RowBroadcast, ColBroadcast,
-                               DoubleWidthLoad, Coordinate]
+                               DoubleWidthLoad, HalfWidthLoad, Coordinate]
 ROOTS: list[type[Pattern]] = [BlockScaleD, BlockScaleInt4, BlockScaleHalfWidth, BlockReduceScale, DStore, HalfWidthD,
                               DoubleWidthD]
 STORES: list[type[Pattern]] = [AuxStore, E8m0Store, HalfWidthAux, DoubleWidthAux, PackedInt4Store, RowPartial,

@@ -1,6 +1,7 @@
 """Leaf nodes: values the epilogue reads (the accumulator, extra tiles, vectors, scalars)."""
 from __future__ import annotations
 
+from ... import dtypes
 from ...plan import epilogue as pat
 from .base import NodeImpl
 
@@ -39,6 +40,29 @@ def emit_aux_load(impl, b, v, el: str, note: str = "") -> int:
     return b.add(impl, f"Sm90AuxLoad<{stages}, typename {d}::EpilogueTile, {el}, StrideAux, "
                  f"typename {d}::SmemLayoutAtom, typename {d}::CopyOpS2R>",
                  f"{{static_cast<{el} const*>({p}), {el}(0), sAux}}", [], f"load tile {t.name}")
+
+
+class HalfWidthLoad(pat.HalfWidthLoad, NodeImpl):
+    """An [M, N/2] tile viewed as an [M, N] tile of containers half its element's width (bytes; f32:
+    half-words), so that it loads like any tile of the accumulator's width, subtile for subtile (nothing
+    is copied): column pair (2k, 2k+1) reads the low and the high container of element k. Its rows
+    are 16-byte aligned exactly when the [M, N/2] tensor's are."""
+
+    @classmethod
+    def emit(cls, b, v) -> int:
+        el = "uint16_t" if v.dtype is dtypes.F32 else "uint8_t"
+        return emit_aux_load(cls, b, v, el, f"[M, N/2] {v.dtype} seen as [M, N] {el}")
+
+    @classmethod
+    def parts(cls, j: int, v) -> tuple[str, ...]:
+        # the containers arrive as exact small integers in float; reassemble the element's bits
+        lo, hi = f"uint32_t(in{j}[2 * k])", f"uint32_t(in{j}[2 * k + 1])"
+        if v.dtype is dtypes.F32:
+            return (f"epic_from_bits({lo} | ({hi} << 16))",)
+        bits = f"({lo} | ({hi} << 8))"
+        if v.dtype is dtypes.BF16:       # bf16 -> f32 is its bits shifted up
+            return (f"epic_from_bits({bits} << 16)",)
+        return (f"float(cutlass::half_t::bitcast(uint16_t{bits}))",)
 
 
 class _VectorBroadcast(NodeImpl):
