@@ -248,3 +248,9 @@ def test_every_derivative_rule_is_exercised():
         ops |= {v.op for k in d.program.kernels for v in k.values}
     from epic.ir import primitives as P
     assert not {o for o, p in P.PRIMITIVES.items() if p.vjp} - ops
+
+
+def test_the_derivative_of_the_lowest_power():
+    """d/dx x ** -64 = -64 x ** -65, which no powi holds (|n| <= 64): written as y / x."""
+    d = D.derive_source("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out y: f32 = (acc * acc + 1) ** -64 * 1e30\n}\n")
+    assert max(check.compare(d, dict(M=9, K=16, N=24)).values()) < 1e-10

@@ -72,6 +72,10 @@ def _power_of_two(x):
         f"a power of two, not {x!r}"
 
 
+def _positive_int(x):
+    return None if isinstance(x, int) and not isinstance(x, bool) and x > 0 else f"a positive integer, not {x!r}"
+
+
 def _integer_exponent(x):
     return None if isinstance(x, int) and not isinstance(x, bool) and -64 <= x <= 64 else \
         f"an integer from -64 to 64, not {x!r}"
@@ -455,7 +459,8 @@ _PRIMS = [
               ref=lambda xs, a: _powi(xs[0], a["exp"]), cxx=_cxx_powi, operator="x ** n", fold=True,
               int_results=True, algebra="power", show=lambda a: str(a["exp"]), attrs={"exp": _integer_exponent},
               vjp=lambda b, g: (None if b.v.attrs["exp"] == 0 else b.mul(g, b.mul(
-                  b.c(float(b.v.attrs["exp"])), b.op("powi", b.x(0), exp=b.v.attrs["exp"] - 1))),),
+                  b.c(float(b.v.attrs["exp"])), b.op("powi", b.x(0), exp=b.v.attrs["exp"] - 1)
+                  if b.v.attrs["exp"] > -64 else b.div(b.y, b.x(0)))),),      # x ** -65 is not a powi
               doc="integer power (n an integer literal from -64 to 64)"),
 
     # ---- element-wise: binary
@@ -507,7 +512,8 @@ _PRIMS = [
     # ---- reductions; the function (sum, max, ...) is an attribute naming a Reduction below
     Primitive("reduce", Family.REDUCE, 1, _reduce_rule, attrs={"axis": _one_of("row", "col"), "fn": _reduction_name}, ref=lambda it, v, xs: it.reduce(v, xs[0]), context=True,
               show=lambda a: f"{a['axis']} {a['fn']}", vjp=lambda b, g: (b.reduction_vjp(g),), doc="a whole row (-> column vector) or column (-> row vector)"),
-    Primitive("block_reduce", Family.BLOCK, 1, _block_rule, attrs={"fn": _reduction_name, "block": _power_of_two}, ref=lambda it, v, xs: it.block_reduce(v, xs[0]),
+    # (a block size that is not a power of two is the user's: the layout check says E404)
+    Primitive("block_reduce", Family.BLOCK, 1, _block_rule, attrs={"fn": _reduction_name, "block": _positive_int}, ref=lambda it, v, xs: it.block_reduce(v, xs[0]),
               context=True, show=lambda a: f"{a['fn']} 1x{a['block']}", vjp=lambda b, g: (b.reduction_vjp(g),),
               doc="each 1xB block of a row"),
     Primitive("partial", Family.PARTIAL, 1, _partial_rule,
