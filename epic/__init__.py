@@ -39,9 +39,10 @@ def grad(path_or_source, wrt: list[str] | None = None, straight_through: bool = 
 
 
 def autograd(path_or_source, wrt: list[str] | None = None, straight_through: bool = False,
-             config: dict | None = None, fallback: str = "never", chunk_rows: int | None = None):
+             config: dict | None = None, fallback: str = "never", chunk_rows: int | None = None,
+             policy: str = "save"):
     """The program as a differentiable function: f(**inputs) returns its outputs by name, and
     loss.backward() runs the derived backward program (docs/TRAINING.md); chunk_rows=N runs that
-    backward on N rows at a time."""
+    backward on N rows at a time; policy: "save" or "recompute" (what the forward keeps)."""
     from .autodiff.function import autograd as _autograd
-    return _autograd(path_or_source, wrt, straight_through, config, fallback, chunk_rows=chunk_rows)
+    return _autograd(path_or_source, wrt, straight_through, config, fallback, chunk_rows=chunk_rows, policy=policy)

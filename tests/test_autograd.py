@@ -58,8 +58,9 @@ def test_cross_entropy_with_ignored_gradient_of_lse():
     _compare({}, dict(x=x, w=w), ref)
 
 
-def test_swiglu():
-    f = epic.autograd(S / "swiglu.epi", fallback="eager")
+@pytest.mark.parametrize("policy", ["save", "recompute"])
+def test_swiglu(policy):
+    f = epic.autograd(S / "swiglu.epi", fallback="eager", policy=policy)
     g, x, w = _weights(33, 24, 32, 2)
     _weighted(f(x=x, wgu=w.t())["y"]).backward()
 
@@ -180,3 +181,16 @@ def test_linear_sums_are_chunked():
                         "  out s: f32[N] = (-col_sum(d_y * acc) + col_sum(acc)) * b\n}\n")
     c = chunks.RowChunks(epic.compile(FORWARD).analysis.source_program, back.analysis.source_program, 8)
     assert c.summed == {"s"} and c.sliced == {"d_y", "x"}
+
+
+@pytest.mark.parametrize("policy", ["save", "recompute"])
+def test_mlp_block_both_policies(policy):
+    f = epic.autograd(S / "swiglu_mlp.epi", fallback="eager", policy=policy)
+    g, x, wgu = _weights(19, 32, 48, 5)
+    wd = (torch.randn(32, 24, generator=g) / 24 ** 0.5).bfloat16().requires_grad_()
+    _weighted(f(x=x, wgu=wgu.t(), wd=wd.t())["y"]).backward()
+
+    def ref(d):
+        h = d["x"] @ d["wgu"].t()
+        return _weighted((torch.nn.functional.silu(h[:, 0::2]) * h[:, 1::2]) @ d["wd"].t())
+    _compare({}, dict(x=x, wgu=wgu, wd=wd), ref)

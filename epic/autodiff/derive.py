@@ -365,8 +365,10 @@ class _Deriver:
     def _emit_operand_gemms(self, k: GemmKernel, dacc_name: str) -> None:
         rows, n, kd = k.rows, k.n, k.k
         if k.a in self.needs:                          # dA [M, K] = dacc [M, N] @ B^T
-            b_operand = f"{k.b}.T" if k.b in self.declared else self._renamed_b(k)
+            renamed = k.b not in self.declared
+            b_operand = self._renamed_b(k) if renamed else f"{k.b}.T"
             g = GemmText(self.names.fresh(f"{k.name}_da"), dacc_name, b_operand,
+                         ["b_major = n"] if renamed else [],     # W [N, K] as it is: N-major
                          comment=f"the gradient of {k.a}: {dacc_name} @ {k.b}^T")
             self.gemms.append(g)
             self.kernel_dims.append((rows, kd))

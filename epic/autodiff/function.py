@@ -21,10 +21,11 @@ from .derive import Derivation, derive_source
 
 class Differentiable:
     def __init__(self, path_or_source, wrt: list[str] | None = None, straight_through: bool = False,
-                 config: dict | None = None, fallback: str = "never", chunk_rows: int | None = None):
+                 config: dict | None = None, fallback: str = "never", chunk_rows: int | None = None,
+                 policy: str = "save"):
         from ..runtime.compiled import compile as _compile
         from . import torch_ops
-        self.derivation: Derivation = derive_source(path_or_source, wrt, straight_through)
+        self.derivation: Derivation = derive_source(path_or_source, wrt, straight_through, policy=policy)
         d = self.derivation
         self.forward = _compile(d.forward_text, config, fallback)
         self.backward = _compile(d.backward_text, config, fallback) if d.has_kernels else None
@@ -142,7 +143,8 @@ class _Function(torch.autograd.Function):
 
 
 def autograd(path_or_source, wrt: list[str] | None = None, straight_through: bool = False,
-             config: dict | None = None, fallback: str = "never", chunk_rows: int | None = None) -> Differentiable:
+             config: dict | None = None, fallback: str = "never", chunk_rows: int | None = None,
+             policy: str = "save") -> Differentiable:
     """A differentiable function of a program (see the module docstring); chunk_rows=N runs the backward
     on N rows at a time (peak_extra_bytes(sizes) says what that saves)."""
-    return Differentiable(path_or_source, wrt, straight_through, config, fallback, chunk_rows)
+    return Differentiable(path_or_source, wrt, straight_through, config, fallback, chunk_rows, policy)
