@@ -13,10 +13,8 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (see docs/GPU.md)")]
 
 S = ROOT / "samples"
-# swiglu's derived backward reads dy [M, F] in a gemm whose accumulator is [M, 2F]: code generation
-# does not load half-width tiles yet (E702), so it runs on the CPU only (tests/test_grad.py)
 CASES = ["bias_gelu", "cross_entropy", "residual_rmsnorm", "rope", "f16_accumulate", "swiglu_bwd", "swiglu_mlp",
-         "prenorm_mlp"]
+         "prenorm_mlp", "swiglu"]
 SIZES = {"ragged": dict(M=257, K=200, N=328, D=192, F=136, V=1000), "tiny": dict(M=3, K=64, N=64, D=64, F=32, V=64)}
 
 
