@@ -254,3 +254,11 @@ def test_the_derivative_of_the_lowest_power():
     """d/dx x ** -64 = -64 x ** -65, which no powi holds (|n| <= 64): written as y / x."""
     d = D.derive_source("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out y: f32 = (acc * acc + 1) ** -64 * 1e30\n}\n")
     assert max(check.compare(d, dict(M=9, K=16, N=24)).values()) < 1e-10
+
+
+def test_a_gemm_reading_a_transposed_operand_is_refused_not_misderived():
+    text = ("gemm f(x: bf16[M, K] @ w: bf16[K, N]) {\n  tmp h: bf16 = acc\n}\n"
+            "gemm g(h.T @ x) {\n  out y: f32 = acc\n}\n")
+    with pytest.raises(EpicError) as e:
+        D.derive_source(text, wrt=["w"])
+    assert e.value.diagnostics[0].code == "E903" and "transposed" in e.value.diagnostics[0].message

@@ -4,15 +4,18 @@ For each forward gemm k = (A @ B, epilogue f), last first:
   1. the cotangents of k's stored tensors (the caller's gradient of an output, plus what later gemms
      sent back: a gemm that read the tensor as its A operand, or an epilogue that loaded it) seed
   2. reverse mode through f (epilogue.backprop) in a gemm that recomputes A @ B, so every tile-local
-     forward value is at hand; the forward saves its row/column/block statistics instead (a few
-     bytes per row). A backward row sum that a tile needs (RMSNorm's rowsum(dy * gamma * h)) ends one
-     such gemm and starts the next ("stages"), as epic's locality rule requires;
+     forward value is at hand (block statistics too: they are tile-local); the forward saves its row
+     and column statistics instead (a few bytes per row). A backward row sum that a tile needs
+     (RMSNorm's rowsum(dy * gamma * h)) ends one such gemm and starts the next ("stages"), as epic's
+     locality rule requires. With the "save" policy, a gemm whose one stored tile only feeds the next
+     gemm's A operand runs its backward epilogue in that gemm's dA gemm instead, on its accumulator
+     saved by the forward (pattern D: SwiGLU's derivative where dy @ wd^T is computed);
   3. dacc, the cotangent of the accumulator, feeds two gemms: dA = dacc @ B^T and dB^T = dacc^T @ A
      (`.T` operands: no transpose copy), and the gradients of loaded tensors are stored or summed.
 Everything is emitted as .epi text (epic/autodiff/text.py) and compiled like any program.
 
-What is saved and what is recomputed is fixed here: tiles are recomputed by re-running the gemm,
-statistics and the forward's tmp tensors are saved (`Derivation.saved` and `epic grad`'s header).
+What is saved (`Derivation.saved`) and recomputed (`Derivation.recomputed`) is decided here and
+shown by `epic grad` (its header, and `--shape` for bytes and flops).
 """
 from __future__ import annotations
 
@@ -67,10 +70,6 @@ class Derivation:
     def has_kernels(self) -> bool:
         """False when every gradient is an incoming one passed on as it is (`out y = z`: dz = dy)."""
         return "\ngemm " in self.backward_text
-
-
-def _dims(shape: Shape, rows, n) -> str:
-    return ", ".join(str(d) for d in shape.dims(rows, n))
 
 
 def _type(dtype: DType, dims) -> str:
@@ -151,10 +150,6 @@ class _Deriver:
     def _load(self, name: str, dtype: DType, dims: tuple, rows, n, span=None) -> Value:
         return make("load", (), {"tensor": name, "dtype": dtype, "shape": epilogue.shape_in(dims, rows, n)}, span, name)
 
-    def _tensor_load(self, name: str, rows, n) -> Value:
-        t = self.p.tensors[name]
-        return self._load(name, t.dtype, t.dims, rows, n, t.span)
-
     # ------------------------------------------------------------------ one forward gemm
     def _seeds(self, k: GemmKernel) -> dict[int, Value]:
         seeds: dict[int, Value] = {}
@@ -228,14 +223,14 @@ class _Deriver:
                  and not v.dtype.is_int]
         if not (want_a or want_b or loads):
             return
+        if getattr(k, "a_t", False) or getattr(k, "b_t", False) or a.layout != "row" or b.layout != "kmajor":
+            raise error("E903", f"gemm '{k.name}' reads a transposed or row-major operand; its backward is not "
+                        "derived yet", k.span)
         if (want_a or want_b) and a.dtype.bits == 16 and self._fused(k, loads, want_a or want_b):
             return
         seeds = self._seeds(k)
         if not seeds:
             return
-        if getattr(k, "a_t", False) or getattr(k, "b_t", False) or a.layout != "row" or b.layout != "kmajor":
-            raise error("E903", f"gemm '{k.name}' reads a transposed or row-major operand; its backward is not "
-                        "derived yet", k.span)
         if (want_a or want_b) and a.dtype.bits != 16:
             raise error("E903", f"the gradient through gemm '{k.name}' ({a.dtype} x {b.dtype}) is not derived: "
                         "the backward gemms multiply 16-bit operands", k.span, "keep its operands out of --wrt")
