@@ -52,27 +52,4 @@ def lm_head_loss(fallback: str):
 
 def _differentiable(text: str, fallback: str):
     from .. import autograd
-    f = autograd(text, fallback=fallback)
-    if f.backward is not None and f.derivation.renamed_inputs:
-        f.backward = _KMajorRenamed(f.backward, list(f.derivation.renamed_inputs))
-    return f
-
-
-class _KMajorRenamed:
-    """Works around epic.autograd feeding a renamed B operand (the down projection's `wd_t`, read by
-    the dA gemm) as the forward operand's .t() view, which is row-major where the backward program
-    declares it K-major (E605): such an operand is handed over as a K-major copy (a weight, [D, F])."""
-
-    def __init__(self, program, names: list[str]):
-        self._compiled, self._names = program, names
-
-    def __getattr__(self, name):
-        return getattr(self._compiled, name)
-
-    def __call__(self, **feed):
-        tensors = self._compiled.analysis.source_program.tensors
-        for name in self._names:
-            x = feed.get(name)
-            if x is not None and tensors[name].layout == "kmajor" and x.dim() == 2 and x.stride(0) != 1:
-                feed[name] = x.t().contiguous().t()
-        return self._compiled(**feed)
+    return autograd(text, fallback=fallback)
