@@ -4,7 +4,8 @@ it is installed. Writes a JSON with each variant's loss curve, mean step time af
 memory (torch.cuda.max_memory_allocated) and, per parameter, the gradient after step 1 against HF
 eager's (max |g - g_hf| / max |g_hf|); prints a short table.
 
-  python bench/train_llama.py [--steps 50] [--layers 4] [--variants hf,compile,epic,liger] [--out F.json]
+  python bench/train_llama.py [--steps 50] [--layers 4] [--variants hf,compile,epic,liger] [--chunk-rows N]
+                              [--out F.json]
   python bench/train_llama.py --prebuild        # build epic's kernels for these sizes only (nvcc, no GPU)
 
 epic's kernels build first, all at once (about 2-3 minutes on 16 cores when the cache is cold; or
@@ -43,6 +44,8 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--variants", default=",".join(VARIANTS), help="hf (HF eager) always runs: the others compare with it")
+    ap.add_argument("--chunk-rows", type=int, default=None,
+                    help="epic's LM head backward on this many tokens at a time (apply_epic_to_llama's chunk_rows)")
     ap.add_argument("--out", default="train_llama.json")
     ap.add_argument("--prebuild", action="store_true", help="only build epic's kernels (no GPU needed)")
     args = ap.parse_args(argv)
@@ -62,17 +65,22 @@ def config(args):
                        attn_implementation="sdpa")
 
 
-def build_epic_kernels(cfg, rows: int) -> float:
-    """Every kernel the patched model launches (both programs, forward and backward), in one parallel
-    nvcc run instead of one program at a time on first use; returns the seconds it took."""
+def build_epic_kernels(cfg, rows: int, chunk_rows: int | None = None) -> float:
+    """Every kernel the patched model launches (both programs, forward and backward; a chunked
+    backward at each chunk's row count), in one parallel nvcc run instead of one program at a time
+    on first use; returns the seconds it took."""
     from epic.runtime import build
     dims = dict(M=rows, E=cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads),
                 D=cfg.hidden_size, F=cfg.intermediate_size, V=cfg.vocab_size)
+    chunks = sorted({min(chunk_rows, rows), rows % chunk_rows} - {0}) if chunk_rows else [rows]
     units = []
-    for f in (programs.decoder_mlp(float(cfg.rms_norm_eps), "never"), programs.lm_head_loss("never")):
-        for prog in (f.forward, f.backward):
-            sizes = {k: v for k, v in dims.items() if k in prog.program.dims}
-            units += [u for _, u in prog.units(sizes)]
+    for f, backward_rows in ((programs.decoder_mlp(float(cfg.rms_norm_eps), "never"), [rows]),
+                             (programs.lm_head_loss("never", chunk_rows), chunks)):
+        for prog, counts in ((f.forward, [rows]), (f.backward, backward_rows)):
+            for m in counts:
+                sizes = {k: v for k, v in {**dims, "M": m}.items() if k in prog.program.dims}
+                units += [u for _, u in prog.units(sizes)]
+    units = list({(u.name, u.source): u for u in units}.values())     # chunks of two row counts share some
     t = time.perf_counter()
     build.build_all(units)              # one nvcc per core, as memory allows
     return time.perf_counter() - t
@@ -91,7 +99,7 @@ def batches(args):
     return out
 
 
-def make_model(cfg, init_state, variant):
+def make_model(cfg, init_state, variant, chunk_rows=None):
     from transformers import LlamaForCausalLM
     with torch.device("cuda"):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
@@ -100,7 +108,7 @@ def make_model(cfg, init_state, variant):
     if variant == "compile":
         run = torch.compile(model)
     elif variant == "epic":
-        epic.integrations.apply_epic_to_llama(model, fallback="never")
+        epic.integrations.apply_epic_to_llama(model, fallback="never", chunk_rows=chunk_rows)
     elif variant == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_llama
         apply_liger_kernel_to_llama(model=model)
@@ -108,7 +116,7 @@ def make_model(cfg, init_state, variant):
 
 
 def train(cfg, init_state, data, args, variant, reference_grads):
-    model, run = make_model(cfg, init_state, variant)
+    model, run = make_model(cfg, init_state, variant, args.chunk_rows)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     torch.cuda.reset_peak_memory_stats()
     losses, times, grads = [], [], None
@@ -151,9 +159,9 @@ def main(argv=None) -> int:
     cfg = config(args)
     variants = args.variants.split(",")
     report = {"config": {k: getattr(args, k) for k in ("steps", "warmup", "layers", "hidden", "intermediate", "heads",
-                                                       "vocab", "seq", "batch", "lr", "seed")}}
+                                                       "vocab", "seq", "batch", "lr", "seed", "chunk_rows")}}
     if args.prebuild or "epic" in variants:
-        report["epic_build_s"] = build_epic_kernels(cfg, args.batch * args.seq)
+        report["epic_build_s"] = build_epic_kernels(cfg, args.batch * args.seq, args.chunk_rows)
         print(f"epic kernels built in {report['epic_build_s']:.0f} s", flush=True)
         if args.prebuild:
             return 0

@@ -73,6 +73,17 @@ def test_loss_and_every_gradient_match_huggingface(kind):
     _assert_same_training(ref, patched)
 
 
+def test_the_lm_head_s_backward_in_chunks_of_rows(monkeypatch):
+    """chunk_rows=7 over 32 tokens: five chunks, the last of 4 rows; the same training as HF's."""
+    from epic.integrations import programs
+    asked = []
+    real = programs.lm_head_loss
+    monkeypatch.setattr(programs, "lm_head_loss", lambda *a: asked.append(a) or real(*a))
+    ref = _model()
+    _assert_same_training(ref, apply_epic_to_llama(copy.deepcopy(ref), fallback="eager", chunk_rows=7))
+    assert asked == [("eager", 7)]
+
+
 def test_the_post_attention_norm_s_eps_is_the_model_s():
     """eps 0.5 dwarfs these activations' mean square: a program with another eps would not match."""
     ref = _model(rms_norm_eps=0.5)

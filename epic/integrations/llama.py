@@ -26,16 +26,19 @@ from . import programs
 _ORIGINAL: dict[type, types.FunctionType] = {}
 
 
-def apply_epic_to_llama(model=None, *, mlp: bool = True, cross_entropy: bool = True, fallback: str = "never"):
+def apply_epic_to_llama(model=None, *, mlp: bool = True, cross_entropy: bool = True, fallback: str = "never",
+                        chunk_rows: int | None = None):
     """Patch a LlamaForCausalLM instance (or, with model=None, the classes: every Llama model runs
-    epic). fallback: as epic.compile's ("eager" runs the unfused torch form: no GPU)."""
+    epic). fallback: as epic.compile's ("eager" runs the unfused torch form: no GPU). chunk_rows:
+    the LM head's backward runs on that many tokens at a time (epic.autograd's chunk_rows), so its
+    [tokens, vocab] logit gradient is [chunk_rows, vocab]."""
     from transformers.models.llama import modeling_llama as m
     return apply_epic(m.LlamaForCausalLM, m.LlamaDecoderLayer, model, mlp=mlp, cross_entropy=cross_entropy,
-                      fallback=fallback)
+                      fallback=fallback, chunk_rows=chunk_rows)
 
 
 def apply_epic(causal_cls: type, layer_cls: type, model=None, *, mlp: bool = True, cross_entropy: bool = True,
-               fallback: str = "never"):
+               fallback: str = "never", chunk_rows: int | None = None):
     """Patch a model whose decoder layers are Llama's (self_attn.o_proj, post_attention_layernorm,
     mlp.gate_proj/up_proj/down_proj) and whose causal-LM head is model.lm_head."""
     from ..runtime.compiled import FALLBACKS
@@ -43,7 +46,8 @@ def apply_epic(causal_cls: type, layer_cls: type, model=None, *, mlp: bool = Tru
         raise error("E608", f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
     originals = {"layer": _ORIGINAL.setdefault(layer_cls, layer_cls.forward),
                  "causal": _ORIGINAL.setdefault(causal_cls, causal_cls.forward)}
-    options = {"fallback": fallback, "layer_returns_tuple": _returns_tuple(originals["layer"]), **originals}
+    options = {"fallback": fallback, "chunk_rows": chunk_rows, "layer_returns_tuple": _returns_tuple(originals["layer"]),
+               **originals}
     if model is None:
         if mlp:
             layer_cls.forward = _fused_layer_class(layer_cls).forward
@@ -197,7 +201,7 @@ def lm_head_loss(model, hidden: torch.Tensor, labels: torch.Tensor | None, shift
     x = hidden.reshape(-1, hidden.shape[-1]).contiguous()
     _bf16("the LM head's input", x)
     _bf16("lm_head.weight", model.lm_head.weight)
-    program = programs.lm_head_loss(model._epic_options["fallback"])
+    program = programs.lm_head_loss(model._epic_options["fallback"], model._epic_options["chunk_rows"])
     rows = program(x=x, w=model.lm_head.weight.t(), label=label)["loss"]
     total = rows.sum()
     if num_items_in_batch is not None:

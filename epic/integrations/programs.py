@@ -46,10 +46,11 @@ def decoder_mlp(eps: float, fallback: str):
 
 
 @functools.lru_cache(maxsize=None)
-def lm_head_loss(fallback: str):
-    return _differentiable(LM_HEAD_LOSS, fallback)
+def lm_head_loss(fallback: str, chunk_rows: int | None = None):
+    """chunk_rows: the backward's [tokens, vocab] logit gradient exists for that many tokens at a time."""
+    return _differentiable(LM_HEAD_LOSS, fallback, chunk_rows)
 
 
-def _differentiable(text: str, fallback: str):
+def _differentiable(text: str, fallback: str, chunk_rows: int | None = None):
     from .. import autograd
-    return autograd(text, fallback=fallback)
+    return autograd(text, fallback=fallback, chunk_rows=chunk_rows)
