@@ -28,7 +28,7 @@ from ..ir.core import GemmKernel, Program, Tensor, Value, make, topo_order
 from ..shapes import Kind, Shape
 from . import epilogue
 from .builder import SMOOTH_CASTS
-from .text import GemmText
+from .text import GemmText, type_text as _type
 
 
 @dataclass
@@ -70,10 +70,6 @@ class Derivation:
     def has_kernels(self) -> bool:
         """False when every gradient is an incoming one passed on as it is (`out y = z`: dz = dy)."""
         return "\ngemm " in self.backward_text
-
-
-def _type(dtype: DType, dims) -> str:
-    return f"{dtype.name}[{', '.join(str(d) for d in dims)}]" if dims else dtype.name
 
 
 class _Names:
@@ -235,11 +231,18 @@ class _Deriver:
             raise error("E903", f"the gradient through gemm '{k.name}' ({a.dtype} x {b.dtype}) is not derived: "
                         "the backward gemms multiply 16-bit operands", k.span, "keep its operands out of --wrt")
         primal = epilogue.Primal(k, self._stat_name(k))
-        leaves = {v.id for v in loads} | ({v.id for v in k.values if P.is_accumulator(v.op)} if want_a or want_b else set())
-        cot = epilogue.backprop(k, seeds, primal, self.st, leaves)
-        stores: list[tuple[str, Value]] = []          # (tensor whose gradient, value) in this gemm
+        stores, dacc = self._leaf_cotangents(k, seeds, primal, loads, want_a or want_b)
+        self._keep_statistics(k, primal)
+        self._emit_epilogue(k, stores, dacc)
+
+    def _leaf_cotangents(self, k: GemmKernel, seeds: dict[int, Value], primal: epilogue.Primal,
+                         loads: list[Value], want_acc: bool) -> tuple[list[tuple[str, Value]], Value | None]:
+        """Reverse mode through k's epilogue: (tensor, cotangent) of each load whose gradient is wanted
+        (tiles spread to whole tiles), and the accumulator's cotangent (None unless wanted)."""
         acc = next((v for v in k.values if P.is_accumulator(v.op)), None)
-        dacc = cot.get(acc.id) if acc is not None else None
+        leaves = {v.id for v in loads} | ({acc.id} if want_acc and acc is not None else set())
+        cot = epilogue.backprop(k, seeds, primal, self.st, leaves)
+        stores = []
         for v in loads:
             c = cot.get(v.id)
             if c is None:
@@ -247,13 +250,14 @@ class _Deriver:
             if "period" in v.attrs:
                 raise error("E903", f"the gradient of the per-head vector '{v.attrs['tensor']}' is not derived yet",
                             v.span, f"keep {v.attrs['tensor']} out of --wrt")
-            if v.kind is Kind.TILE:
-                c = epilogue.as_tile(c, v.shape)
-            stores.append((v.attrs["tensor"], c))
+            stores.append((v.attrs["tensor"], epilogue.as_tile(c, primal(v).shape) if v.kind is Kind.TILE else c))
+        dacc = cot.get(acc.id) if want_acc and acc is not None else None
+        return stores, dacc
+
+    def _keep_statistics(self, k: GemmKernel, primal: epilogue.Primal) -> None:
         for name, stat in primal.used.items():
             self.saved_stats[name] = (k.name, stat)
             self.saved[name] = f"a statistic of gemm {k.name}, saved by the forward"
-        self._emit_epilogue(k, stores, dacc if (want_a or want_b) else None)
 
     # ------------------------------------------------------------------ pattern D: fused into the dA gemm
     def _fusion_target(self, k: GemmKernel) -> int | None:
@@ -293,19 +297,7 @@ class _Deriver:
                                      "shape": epilogue.shape_in((k.rows, k.n), rows, n)}, k.span, saved)
         primal = epilogue.Primal(k, self._stat_name(k), rebase=(rows, n, acc_load, self.p.tensors))
         incoming = self.pieces[k.stores[0].tensor][0].value
-        seeds = {s.value.id: incoming for s in k.stores}
-        leaves = {v.id for v in loads} | ({v.id for v in k.values if P.is_accumulator(v.op)} if want_acc else set())
-        cot = epilogue.backprop(k, seeds, primal, self.st, leaves)
-        requests: list[tuple[str, Value]] = []
-        for v in loads:
-            c = cot.get(v.id)
-            if c is None:
-                continue
-            if "period" in v.attrs:
-                return False
-            requests.append((v.attrs["tensor"], epilogue.as_tile(c, primal(v).shape) if v.kind is Kind.TILE else c))
-        acc = next((v for v in k.values if P.is_accumulator(v.op)), None)
-        dacc = cot.get(acc.id) if (acc is not None and want_acc) else None
+        requests, dacc = self._leaf_cotangents(k, {s.value.id: incoming for s in k.stores}, primal, loads, want_acc)
         if dacc is not None:
             requests.append(("#acc", epilogue.as_tile(dacc, acc_load.shape)))
         order = topo_order([v for _, v in requests])
@@ -318,9 +310,7 @@ class _Deriver:
                             f"{self.gemms[at].name}'s epilogue)"
         self._remember_dims(saved, (k.rows, k.n))
         self.top_inputs.append((saved, _type(a.dtype, (k.rows, k.n))))
-        for name, stat in primal.used.items():
-            self.saved_stats[name] = (k.name, stat)
-            self.saved[name] = f"a statistic of gemm {k.name}, saved by the forward"
+        self._keep_statistics(k, primal)
         self.gemms[at].comment += f"\nand the backward of gemm {k.name}'s epilogue, on its saved accumulator {saved}"
         dacc_name = None
         for tensor, v in requests:
@@ -335,7 +325,7 @@ class _Deriver:
         return True
 
     def _emit_epilogue(self, k: GemmKernel, stores: list[tuple[str, Value]], dacc: Value | None) -> None:
-        a, b = self.p.tensors[k.a], self.p.tensors[k.b]
+        a = self.p.tensors[k.a]
         dacc_name = None
         dacc_value = None
         if dacc is not None:
@@ -399,12 +389,11 @@ class _Deriver:
         roots = [v for _, v in requests]
         order = topo_order(roots)
         level: dict[int, int] = {}
-        users: dict[int, int] = {}
-        for v in order:
-            for x in v.args:
-                users[x.id] = users.get(x.id, 0) + 1
+        last_use: dict[int, int] = {}          # the latest stage that reads each value
         for v in order:
             level[v.id] = max((level[x.id] + (1 if _crosses(x) else 0) for x in v.args), default=0)
+            for x in v.args:
+                last_use[x.id] = max(last_use.get(x.id, 0), level[v.id])
         stages = max((level[v.id] for v in roots), default=0) + 1
         boundary: dict[int, str] = {}
         dacc_name = None
@@ -423,7 +412,7 @@ class _Deriver:
             memo: dict[int, Value] = {}
             # statistics this stage computes for later ones
             for v in order:
-                if _crosses(v) and level[v.id] == s and any(level[u.id] > s for u in order if v in u.args):
+                if _crosses(v) and level[v.id] == s and last_use.get(v.id, s) > s:
                     name = self.names.fresh(f"{k.name}_g")
                     boundary[v.id] = name
                     g.stores.append(("tmp", name, _type(F32, v.shape.dims(k.rows, k.n)), self._cut(v, boundary, memo)))

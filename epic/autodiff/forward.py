@@ -4,11 +4,7 @@ or block statistics get stores of their own)."""
 from __future__ import annotations
 
 from ..ir.core import GemmKernel, Program, Value
-from .text import GemmText
-
-
-def _type(dtype, dims) -> str:
-    return f"{dtype.name}[{', '.join(str(d) for d in dims)}]" if dims else dtype.name
+from .text import GemmText, type_text as _type
 
 
 def _option(key: str, value) -> str:

@@ -11,6 +11,11 @@ from ..ir import primitives as P
 from ..ir.core import Value, topo_order
 from ..shapes import Kind
 
+def type_text(dtype, dims) -> str:
+    """A tensor's type as written in a program: bf16[M, 2*F], or f32 for a scalar."""
+    return f"{dtype.name}[{', '.join(str(d) for d in dims)}]" if dims else dtype.name
+
+
 def literal(v: Value) -> str:
     x = v.attrs["value"]
     if v.dtype.is_int:
