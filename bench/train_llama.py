@@ -1,23 +1,29 @@
-"""Train a small random Llama on one GPU, the same data and seed for each variant: HF eager, HF +
-torch.compile, HF patched by epic.integrations (the fused kernels, fallback="never"), and Liger where
-it is installed. Writes a JSON with each variant's loss curve, mean step time after warm-up, peak
-memory (torch.cuda.max_memory_allocated) and, per parameter, the gradient after step 1 against HF
-eager's (max |g - g_hf| / max |g_hf|); prints a short table.
+"""Train a small random Llama on one GPU, the same initial weights, data and seed for each variant:
+HF eager (`hf`), HF + torch.compile of the whole model (`hf_compile`), HF patched by epic.integrations
+(`epic`: the fused kernels, fallback="never") and Liger (`liger`: apply_liger_kernel_to_llama on the
+model; skipped with a note where it is not installed). Writes a JSON with each variant's loss curve,
+|loss - HF eager's loss| at each step and its maximum, the median step time after warm-up, peak memory
+(torch.cuda.max_memory_allocated) and, per parameter, the gradient after step 1 against HF eager's
+(max |g - g_hf| / max |g_hf|); prints a short table.
 
-  python bench/train_llama.py [--steps 50] [--layers 4] [--variants hf,compile,epic,liger] [--chunk-rows N]
+  python bench/train_llama.py [--steps 50] [--layers 4] [--variants hf,hf_compile,epic,liger] [--chunk-rows N]
                               [--out F.json]
   python bench/train_llama.py --prebuild        # build epic's kernels for these sizes only (nvcc, no GPU)
+  python bench/train_llama.py --device cpu ...  # a smoke run (epic's unfused torch form; no peak memory)
 
 epic's kernels build first, all at once (about 2-3 minutes on 16 cores when the cache is cold; or
 prebuild them into EPIC_CACHE_DIR on any machine with nvcc and carry the cache over). The defaults run
-in a few minutes on one H200.
+in a few minutes on one H200. Liger patches functions of transformers' Llama module, not only the
+model; they are put back after its run, so the order of the variants does not matter.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -27,13 +33,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import epic.integrations  # noqa: E402
 from epic.integrations import programs  # noqa: E402
 
-VARIANTS = ("hf", "compile", "epic", "liger")
+VARIANTS = ("hf", "hf_compile", "epic", "liger")
+ALIASES = {"compile": "hf_compile"}       # the name older commands used
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--warmup", type=int, default=5, help="steps left out of the mean step time")
+    ap.add_argument("--warmup", type=int, default=5, help="steps left out of the median step time")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--intermediate", type=int, default=2816)
@@ -46,12 +53,16 @@ def parse_args(argv=None):
     ap.add_argument("--variants", default=",".join(VARIANTS), help="hf (HF eager) always runs: the others compare with it")
     ap.add_argument("--chunk-rows", type=int, default=None,
                     help="epic's LM head backward on this many tokens at a time (apply_epic_to_llama's chunk_rows)")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="cpu: a smoke run, epic through its unfused torch form")
     ap.add_argument("--out", default="train_llama.json")
     ap.add_argument("--prebuild", action="store_true", help="only build epic's kernels (no GPU needed)")
     args = ap.parse_args(argv)
-    bad = [v for v in args.variants.split(",") if v not in VARIANTS]
+    names = [ALIASES.get(v, v) for v in args.variants.split(",") if v]
+    bad = [v for v in names if v not in VARIANTS]
     if bad:
         ap.error(f"unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")
+    args.variants = ["hf"] + [v for v in dict.fromkeys(names) if v != "hf"]   # HF eager first: the others compare with it
     if args.warmup >= args.steps:
         ap.error("--warmup must be below --steps")
     return args
@@ -91,37 +102,65 @@ def batches(args):
     that is not trained on (label -100), as in instruction tuning."""
     g = torch.Generator().manual_seed(args.seed + 1)
     out = []
+    prompt = min(64, args.seq // 2)
     for _ in range(args.steps):
         ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
         labels = ids.clone()
-        labels[:, :64] = -100
-        out.append((ids.cuda(), labels.cuda()))
+        labels[:, :prompt] = -100
+        out.append((ids.to(args.device), labels.to(args.device)))
     return out
 
 
-def make_model(cfg, init_state, variant, chunk_rows=None):
+@contextlib.contextmanager
+def llama_module_kept():
+    """Puts back what a patch set on transformers' Llama module and classes (Liger's
+    apply_liger_kernel_to_llama replaces the RoPE function, the RMSNorm and MLP classes and, without
+    a model, LlamaForCausalLM.forward for every model made afterwards)."""
+    from transformers.models.llama import modeling_llama as m
+    module = dict(vars(m))
+    forward = m.LlamaForCausalLM.forward
+    try:
+        yield
+    finally:
+        for name in set(vars(m)) - set(module):
+            delattr(m, name)
+        for name, value in module.items():
+            if vars(m).get(name) is not value:
+                setattr(m, name, value)
+        m.LlamaForCausalLM.forward = forward
+
+
+def make_model(cfg, init_state, variant, device, chunk_rows=None):
     from transformers import LlamaForCausalLM
-    with torch.device("cuda"):
+    with torch.device(device):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.load_state_dict(init_state)
     run = model
-    if variant == "compile":
+    if variant == "hf_compile":
         run = torch.compile(model)
     elif variant == "epic":
-        epic.integrations.apply_epic_to_llama(model, fallback="never", chunk_rows=chunk_rows)
+        epic.integrations.apply_epic_to_llama(model, fallback="never" if device == "cuda" else "eager",
+                                              chunk_rows=chunk_rows)
     elif variant == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_llama
         apply_liger_kernel_to_llama(model=model)
     return model, run
 
 
-def train(cfg, init_state, data, args, variant, reference_grads):
-    model, run = make_model(cfg, init_state, variant, args.chunk_rows)
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def train(cfg, init_state, data, args, variant, reference):
+    """(result, gradients after step 1); reference: HF eager's (result, gradients), None for HF eager."""
+    model, run = make_model(cfg, init_state, variant, args.device, args.chunk_rows)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    torch.cuda.reset_peak_memory_stats()
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     losses, times, grads = [], [], None
     for step, (ids, labels) in enumerate(data):
-        torch.cuda.synchronize()
+        _sync(args.device)
         t = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = run(input_ids=ids, labels=labels).loss
@@ -129,52 +168,61 @@ def train(cfg, init_state, data, args, variant, reference_grads):
         if step == 0:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         opt.step()
-        torch.cuda.synchronize()
+        _sync(args.device)
         times.append(time.perf_counter() - t)
         losses.append(loss.item())
-    result = {"loss": losses, "step_ms": 1e3 * sum(times[args.warmup:]) / len(times[args.warmup:]),
-              "first_step_s": times[0], "max_memory_allocated": torch.cuda.max_memory_allocated()}
-    if reference_grads is not None:
-        result["grad_rel_diff"] = {n: ((g.float() - reference_grads[n].float()).abs().max()
-                                       / reference_grads[n].float().abs().max().clamp_min(1e-30)).item()
+    result = {"loss": losses, "step_ms": 1e3 * statistics.median(times[args.warmup:]), "first_step_s": times[0],
+              "max_memory_allocated": torch.cuda.max_memory_allocated() if args.device == "cuda" else None}
+    if reference is not None:
+        ref_result, ref_grads = reference
+        diff = [abs(a - b) for a, b in zip(losses, ref_result["loss"])]
+        result["loss_abs_diff"] = diff
+        result["max_loss_abs_diff"] = max(diff)
+        result["grad_rel_diff"] = {n: ((g.float() - ref_grads[n].float()).abs().max()
+                                       / ref_grads[n].float().abs().max().clamp_min(1e-30)).item()
                                    for n, g in grads.items()}
     del model, run, opt
     return result, grads
 
 
 def table(results: dict) -> str:
-    rows = [f"{'variant':<9} {'loss[0]':>8} {'loss[-1]':>9} {'step ms':>8} {'peak GiB':>9} {'max grad diff':>14}"]
+    rows = [f"{'variant':<11} {'loss[0]':>8} {'loss[-1]':>9} {'max |dloss|':>11} {'step ms':>8} {'peak GiB':>9} "
+            f"{'max grad diff':>14}"]
+    nan = float("nan")
     for name, r in results.items():
         if "error" in r:
-            rows.append(f"{name:<9} {r['error'][:70]}")
+            rows.append(f"{name:<11} {r['error'][:90]}")
             continue
-        diff = max(r["grad_rel_diff"].values()) if "grad_rel_diff" in r else float("nan")
-        rows.append(f"{name:<9} {r['loss'][0]:>8.4f} {r['loss'][-1]:>9.4f} {r['step_ms']:>8.1f} "
-                    f"{r['max_memory_allocated'] / 2**30:>9.2f} {diff:>14.2e}")
+        diff = max(r["grad_rel_diff"].values()) if "grad_rel_diff" in r else nan
+        peak = r["max_memory_allocated"] / 2**30 if r["max_memory_allocated"] is not None else nan
+        rows.append(f"{name:<11} {r['loss'][0]:>8.4f} {r['loss'][-1]:>9.4f} {r.get('max_loss_abs_diff', nan):>11.2e} "
+                    f"{r['step_ms']:>8.1f} {peak:>9.2f} {diff:>14.2e}")
     return "\n".join(rows)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = config(args)
-    variants = args.variants.split(",")
     report = {"config": {k: getattr(args, k) for k in ("steps", "warmup", "layers", "hidden", "intermediate", "heads",
-                                                       "vocab", "seq", "batch", "lr", "seed", "chunk_rows")}}
-    if args.prebuild or "epic" in variants:
+                                                       "vocab", "seq", "batch", "lr", "seed", "chunk_rows",
+                                                       "device")},
+              "variants_asked": args.variants}
+    if args.prebuild or ("epic" in args.variants and args.device == "cuda"):
         report["epic_build_s"] = build_epic_kernels(cfg, args.batch * args.seq, args.chunk_rows)
         print(f"epic kernels built in {report['epic_build_s']:.0f} s", flush=True)
         if args.prebuild:
             return 0
-    report["gpu"] = torch.cuda.get_device_name()
+    report["gpu"] = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     torch.manual_seed(args.seed)
     from transformers import LlamaForCausalLM
-    init_state = {k: v.cuda() for k, v in LlamaForCausalLM(cfg).to(torch.bfloat16).state_dict().items()}
+    init_state = {k: v.to(args.device) for k, v in LlamaForCausalLM(cfg).to(torch.bfloat16).state_dict().items()}
     data = batches(args)
     results, reference = {}, None
-    for variant in ["hf"] + [v for v in variants if v != "hf"]:   # HF eager first: the others compare with it
+    for variant in args.variants:
         torch.manual_seed(args.seed)
         try:
-            results[variant], grads = train(cfg, init_state, data, args, variant, reference)
+            with llama_module_kept():
+                results[variant], grads = train(cfg, init_state, data, args, variant, reference)
         except ImportError as e:
             results[variant] = {"error": f"not installed: {e}"}
             continue
@@ -183,9 +231,10 @@ def main(argv=None) -> int:
             continue
         finally:
             gc.collect()
-            torch.cuda.empty_cache()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
         if variant == "hf":
-            reference = grads
+            reference = (results[variant], grads)
         print(f"{variant}: loss {results[variant]['loss'][0]:.4f} -> {results[variant]['loss'][-1]:.4f}, "
               f"{results[variant]['step_ms']:.1f} ms/step", flush=True)
     report["variants"] = results

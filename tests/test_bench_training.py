@@ -1,0 +1,264 @@
+"""The training benchmarks' CPU-checkable parts (issue 24; the H200 runs them for real):
+bench/train_step.py's candidates and checks, bench/train_llama.py's variants, bench/fsdp2_gpus.py on
+two gloo processes. The peers (QuACK, Liger) are not installed here: stand-ins with their documented
+signatures and semantics show that each is called the way its API says, on the same operands."""
+import importlib.util
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from .conftest import ROOT
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module          # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+ts = _load("train_step")
+SMALL = {"ce": dict(D=64, V=256), "mlp": dict(D=64, F=96)}
+CHECK_TOL = 3e-2          # ||a - b|| / ||b|| against eager in bf16; a wrong gradient reads ~1
+
+
+def _run(work, names, rounds=2):
+    return ts.run(work, 32, rounds, names, device="cpu", shapes=SMALL[work])
+
+
+@pytest.mark.parametrize("work", ["ce", "mlp"])
+def test_each_candidate_is_timed_against_cublas_and_checked_against_eager(work):
+    r = _run(work, ["epic", "eager"], rounds=3)
+    assert list(r.median_ms) == ["cublas", "epic", "eager"]
+    assert r.ratio_to_cublas["cublas"] == 1.0
+    assert "cublas" not in r.check, "the bare gemms compute no loss: nothing to check"
+    grads = {"ce": {"x", "w"}, "mlp": {"x", "wg", "wu", "wd"}}[work]
+    assert set(r.check["epic"]) == {"out"} | grads
+    assert max(r.check["epic"].values()) < CHECK_TOL, r.check
+
+
+def _stand_ins(monkeypatch, gate_up="interleaved"):
+    """quack and liger_kernel modules with the peers' call signatures and what they compute."""
+    lce = types.ModuleType("quack.linear_cross_entropy")
+
+    def chunked_linear_cross_entropy(x, weight, target, chunk_size=4096, ignore_index=-100, reduction="mean",
+                                     tuned=True, use_scaled_exp=None):      # weight (V, d), target (B*L,)
+        return F.cross_entropy(F.linear(x, weight).float(), target, ignore_index=ignore_index, reduction=reduction)
+    lce.chunked_linear_cross_entropy = chunked_linear_cross_entropy
+    lce.scaled_exp_lce_supported = lambda x, weight, chunk_size, reduction: False
+    mlp = types.ModuleType("quack.mlp")
+
+    def mlp_func(x, weight1, weight2, activation, bias1=None, bias2=None, fuse_grad_accum=False, tuned=True,
+                 recompute=False, concat_layout=False):      # QuACK's MLP: fc1's rows (d two) interleaved
+        y = x @ weight1.t()
+        gate, up = (y[..., ::2], y[..., 1::2]) if gate_up == "interleaved" else y.chunk(2, dim=-1)
+        return (F.silu(gate) * up) @ weight2.t()
+    mlp.mlp_func = mlp_func
+    liger = types.ModuleType("liger_kernel.transformers")
+
+    class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
+        def __init__(self, reduction="mean"):
+            super().__init__()
+            self.reduction = reduction
+
+        def forward(self, lin_weight, _input, target):
+            return F.cross_entropy(F.linear(_input, lin_weight).float(), target, reduction=self.reduction)
+    liger.LigerFusedLinearCrossEntropyLoss = LigerFusedLinearCrossEntropyLoss
+    functional = types.ModuleType("liger_kernel.transformers.functional")
+    functional.liger_swiglu = lambda a, b: F.silu(a) * b
+    for module in (lce, mlp, liger, functional):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+
+
+@pytest.mark.parametrize("work", ["ce", "mlp"])
+def test_the_peers_run_on_the_same_operands_through_their_apis(monkeypatch, work):
+    _stand_ins(monkeypatch)
+    r = _run(work, ["quack", "liger"])
+    assert set(r.check) == {"quack", "liger"}, r.notes
+    for name in ("quack", "liger"):
+        assert max(r.check[name].values()) < CHECK_TOL, (name, r.check[name])
+
+
+def test_the_check_shows_a_peer_given_gate_and_up_in_another_layout(monkeypatch):
+    _stand_ins(monkeypatch, gate_up="concatenated")
+    r = _run("mlp", ["quack"])
+    assert r.check["quack"]["out"] > 0.5 and r.check["quack"]["wd"] > 0.5, r.check
+
+
+def test_a_missing_peer_is_skipped_and_a_failing_one_recorded_while_the_rest_run(monkeypatch):
+    _stand_ins(monkeypatch)
+    monkeypatch.setitem(sys.modules, "quack.mlp", None)            # what an absent package raises on import
+
+    def broken(a, b):
+        raise RuntimeError("no kernel for this GPU")
+    monkeypatch.setattr(sys.modules["liger_kernel.transformers.functional"], "liger_swiglu", broken)
+    r = _run("mlp", ["quack", "liger", "eager"])
+    assert r.notes["quack"].startswith("skipped: quack not installed")
+    assert r.notes["liger"] == "failed: RuntimeError: no kernel for this GPU"
+    assert list(r.median_ms) == ["cublas", "eager"]
+
+
+def test_train_step_candidates_option():
+    assert ts.parse_args(["--candidates", "epic,quack,epic", "--compile"]).candidates == ["epic", "quack", "compile"]
+    with pytest.raises(SystemExit) as e:
+        ts.parse_args(["--candidates", "epic,cutlass"])
+    assert e.value.code == 2
+
+
+# ---- bench/train_llama.py ------------------------------------------------------------------------------
+
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                        reason="transformers is not installed")
+TINY = ["--layers", "2", "--hidden", "64", "--intermediate", "96", "--heads", "4", "--vocab", "128", "--seq", "32",
+        "--batch", "2"]
+
+
+@needs_transformers
+def test_train_llama_variants():
+    tl = _load("train_llama")
+    assert tl.parse_args(["--variants", "liger,hf_compile"]).variants == ["hf", "liger", "hf_compile"]
+    assert tl.parse_args(["--variants", "compile"]).variants == ["hf", "hf_compile"], "the older name"
+    assert tl.parse_args([]).variants == ["hf", "hf_compile", "epic", "liger"] and tl.parse_args([]).steps == 50
+    with pytest.raises(SystemExit) as e:
+        tl.parse_args(["--variants", "hf,deepspeed"])
+    assert e.value.code == 2
+
+
+@needs_transformers
+def test_train_llama_compares_each_variant_with_hf_and_puts_liger_s_patch_back(monkeypatch, tmp_path):
+    """Liger's apply_liger_kernel_to_llama also replaces functions of transformers' Llama module; the
+    stand-in does the same (its RoPE counts its calls and computes HF's): it must be live during the
+    liger run only."""
+    from transformers.models.llama import modeling_llama as m
+    tl = _load("train_llama")
+    original_rope, original_mlp = m.apply_rotary_pos_emb, m.LlamaMLP
+    monkeypatch.setattr(m, "apply_rotary_pos_emb", original_rope)     # put back at teardown even if this fails
+    monkeypatch.setattr(m, "LlamaMLP", original_mlp)
+    calls = []
+
+    def apply_liger_kernel_to_llama(model=None, **kw):
+        def rope(*a, **k):
+            calls.append(1)
+            return original_rope(*a, **k)
+        m.apply_rotary_pos_emb = rope
+        m.LlamaMLP = type("PatchedMLP", (original_mlp,), {})
+    liger = types.ModuleType("liger_kernel.transformers")
+    liger.apply_liger_kernel_to_llama = apply_liger_kernel_to_llama
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", liger)
+    out = tmp_path / "train_llama.json"
+    assert tl.main(["--device", "cpu", "--steps", "3", "--warmup", "1", "--variants", "hf,epic,liger",
+                    "--out", str(out), *TINY]) == 0
+    assert m.apply_rotary_pos_emb is original_rope and m.LlamaMLP is original_mlp
+    assert calls, "the patch was live while the liger variant trained"
+    runs = json.loads(out.read_text())["variants"]
+    assert "loss_abs_diff" not in runs["hf"]
+    for name in ("epic", "liger"):
+        assert len(runs[name]["loss"]) == len(runs[name]["loss_abs_diff"]) == 3
+        assert runs[name]["max_loss_abs_diff"] == max(runs[name]["loss_abs_diff"])
+        assert set(runs[name]["grad_rel_diff"]) == set(runs["epic"]["grad_rel_diff"])
+    assert runs["liger"]["max_loss_abs_diff"] == 0, "the stand-in computes HF's model"
+    assert 0 < runs["epic"]["max_loss_abs_diff"] < 1e-2 and max(runs["epic"]["grad_rel_diff"].values()) < 4e-2
+
+
+# ---- bench/fsdp2_gpus.py -------------------------------------------------------------------------------
+
+@needs_transformers
+def test_fsdp2_script_on_two_gloo_processes_matches_one(tmp_path):
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch was built without gloo")
+    out = tmp_path / "fsdp2.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "fsdp2_gpus.py"), "--backend", "gloo", "--device", "cpu",
+                           "--steps", "2", "--warmup", "1", "--out", str(out), *TINY],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert len(r["sharded_loss"]) == len(r["single_loss"]) == 2
+    assert r["single_loss"][0] != r["single_loss"][1], "the step must change the loss"
+    assert r["max_loss_abs_diff"] < 1e-2 * abs(r["single_loss"][0])
+    assert "max |diff|" in proc.stdout
+
+
+@needs_transformers
+@pytest.mark.parametrize("argv", [["--world", "2", "--batch", "3"], ["--backend", "gloo"],
+                                  ["--device", "cpu", "--backend", "nccl"]])
+def test_fsdp2_script_refuses_inconsistent_options(argv):
+    with pytest.raises(SystemExit) as e:
+        _load("fsdp2_gpus").parse_args(argv)
+    assert e.value.code == 2
+
+
+# ---- bench/peers_fetch.sh and bench/peers_install.sh ------------------------------------------------------
+
+def _wheel(folder, name: str, payload: bytes):
+    """A minimal pure-Python wheel whose module holds `payload` (stored: its size is the wheel's)."""
+    import base64
+    import hashlib
+    import zipfile
+    files = {f"{name}/__init__.py": b"import os\nDATA = open(os.path.join(os.path.dirname(__file__), 'data.bin'), 'rb').read()\n",
+             f"{name}/data.bin": payload,
+             f"{name}-1.0.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(),
+             f"{name}-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b'=').decode()},{len(b)}\n"
+                     for p, b in files.items()) + f"{name}-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(folder / f"{name}-1.0-py3-none-any.whl", "w", zipfile.ZIP_STORED) as z:
+        for p, b in {**files, f"{name}-1.0.dist-info/RECORD": record.encode()}.items():
+            z.writestr(p, b)
+
+
+def _sh(script, env, *args):
+    import os
+    return subprocess.run(["bash", str(ROOT / "bench" / script), *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHON": sys.executable, **env})
+
+
+def test_the_peers_wheels_travel_in_two_parts_and_install_as_one(tmp_path):
+    """peers_fetch.sh splits what exceeds one device call; peers_install.sh, in two calls (part 1 stashed
+    in PQ by the first), joins the wheel, checks its sha256 and installs everything with one pip."""
+    index, dest, pq = tmp_path / "index", tmp_path / ".whl", tmp_path / "pq"
+    index.mkdir()
+    payload = torch.randint(0, 256, (300_000,), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    _wheel(index, "fakebig", bytes(payload.tolist()))
+    _wheel(index, "fakesmall", b"small")
+    env = {"PEERS_DIR": str(dest), "PQ": str(pq), "PEERS_BUDGET_BYTES": "200000",
+           "PEERS_SPECS": "fakebig==1.0 fakesmall==1.0"}
+    fetch = _sh("peers_fetch.sh", env, "--no-index", "--find-links", str(index))
+    assert fetch.returncode == 0, fetch.stderr
+    part1 = sorted(p.name for p in (dest / "peers").iterdir())
+    assert part1 == ["fakebig-1.0-py3-none-any.whl.part1", "fakesmall-1.0-py3-none-any.whl"]
+    assert sorted(p.name for p in (dest / "peers-part2").iterdir()) == [
+        "fakebig-1.0-py3-none-any.whl.part2", "fakebig-1.0-py3-none-any.whl.sha256"]
+    for folder in ("peers", "peers-part2"):
+        assert sum(p.stat().st_size for p in (dest / folder).iterdir()) <= 200_000
+    (dest / "peers-part2").rename(tmp_path / "later")             # call 1 carries .whl/peers only
+    first = _sh("peers_install.sh", env)
+    assert first.returncode == 0 and "part 1 stashed" in first.stdout, first.stdout + first.stderr
+    assert not (pq / "site-packages").exists()
+    (dest / "peers").rename(tmp_path / "earlier")                 # call 2 carries .whl/peers-part2 only
+    (tmp_path / "later").rename(dest / "peers-part2")
+    second = _sh("peers_install.sh", env)
+    assert second.returncode == 0, second.stdout + second.stderr
+    check = subprocess.run(["bash", "-c", f"source {pq}/env.sh && {sys.executable} -c "
+                            "'import fakebig, fakesmall, hashlib; print(hashlib.sha256(fakebig.DATA).hexdigest())'"],
+                           capture_output=True, text=True)
+    import hashlib
+    assert check.stdout.strip() == hashlib.sha256(bytes(payload.tolist())).hexdigest(), check.stderr
+
+
+def test_a_part_that_does_not_belong_is_refused(tmp_path):
+    index, dest, pq = tmp_path / "index", tmp_path / ".whl", tmp_path / "pq"
+    index.mkdir()
+    _wheel(index, "fakebig", bytes(range(256)) * 1000)
+    env = {"PEERS_DIR": str(dest), "PQ": str(pq), "PEERS_BUDGET_BYTES": "200000", "PEERS_SPECS": "fakebig==1.0"}
+    assert _sh("peers_fetch.sh", env, "--no-index", "--find-links", str(index)).returncode == 0
+    part2 = dest / "peers-part2" / "fakebig-1.0-py3-none-any.whl.part2"
+    data = part2.read_bytes()
+    part2.write_bytes(bytes([data[0] ^ 1]) + data[1:])          # as if from another download
+    install = _sh("peers_install.sh", env)
+    assert install.returncode == 1 and "does not match its sha256" in install.stderr, install.stdout + install.stderr
+    assert not (pq / "site-packages").exists()
