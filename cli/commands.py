@@ -247,7 +247,7 @@ def cmd_grad(args) -> int:
     if wrt is not None and not wrt:
         raise error("E801", "--wrt names no input", None, "e.g. --wrt x,w")
     d = derive_source(args.file, wrt, args.straight_through, path=True, policy=args.policy)
-    print(d.forward_text if args.forward else d.backward_text, end="")
+    print(d.forward_text if args.forward or d.fused else d.backward_text, end="")
     if args.shape:
         for line in d.ledger(_sizes(d.program, args.shape)):
             print(f"# {line}")

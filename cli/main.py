@@ -101,10 +101,12 @@ def _parser() -> argparse.ArgumentParser:
                    "backward reads, instead of the backward")
     c.add_argument("--straight-through", action="store_true", help="take the derivative of a quantizing cast or "
                    "store as 1 (straight-through estimator) instead of refusing (E901)")
-    c.add_argument("--policy", choices=("save", "recompute"), default="save", help="save (default): a gemm whose "
-                   "one stored tile only feeds the next gemm keeps its accumulator, and its backward runs in the gemm "
-                   "that computes its incoming gradient (pattern D); recompute: every backward epilogue runs in a gemm "
-                   "that recomputes its forward accumulator (less memory, more flops)")
+    c.add_argument("--policy", choices=("save", "recompute", "fused"), default="save", help="save (default): a gemm "
+                   "whose one stored tile only feeds the next gemm keeps its accumulator, and its backward runs in the "
+                   "gemm that computes its incoming gradient (pattern D); recompute: every backward epilogue runs in a "
+                   "gemm that recomputes its forward accumulator (less memory, more flops); fused: a loss head of one "
+                   "gemm computes its gradient in the forward, its outputs' weights given as inputs (one program, "
+                   "printed whether or not --forward is given)")
     c.add_argument("--shape", metavar="SIZES", help="also print what is saved (bytes) and recomputed (flops) at "
                    "these sizes, e.g. M=8192,D=4096,F=14336")
     c.add_argument("--check", metavar="SIZES", help="also run both on random inputs of these sizes (e.g. M=33,D=48) "

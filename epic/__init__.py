@@ -43,6 +43,8 @@ def autograd(path_or_source, wrt: list[str] | None = None, straight_through: boo
              policy: str = "save"):
     """The program as a differentiable function: f(**inputs) returns its outputs by name, and
     loss.backward() runs the derived backward program (docs/TRAINING.md); chunk_rows=N runs that
-    backward on N rows at a time; policy: "save" or "recompute" (what the forward keeps)."""
+    backward on N rows at a time; policy: "save" or "recompute" (what the forward keeps), or "fused"
+    (a loss head of one gemm whose forward computes the gradients: f(**inputs, d_loss=weights) returns
+    (total, outputs), docs/TRAINING.md)."""
     from .autodiff.function import autograd as _autograd
     return _autograd(path_or_source, wrt, straight_through, config, fallback, chunk_rows=chunk_rows, policy=policy)

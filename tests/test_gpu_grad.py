@@ -5,7 +5,7 @@ import torch
 
 import epic
 from epic import reference
-from epic.autodiff import check
+from epic.autodiff import check, derive as D
 
 from .conftest import ROOT
 
@@ -41,15 +41,47 @@ def test_derived_backward_kernels_match_autograd(name, size):
         assert err < 3e-2, (k, err)
 
 
+@pytest.mark.parametrize("chunk_rows", [None, 100])
+@pytest.mark.parametrize("size", list(SIZES))
+def test_fused_loss_kernels_match_autograd(size, chunk_rows):
+    """Policy "fused" (the LM head's gradients computed in its forward, dlogits finished by the row
+    combine kernel) against torch.autograd of the source program in float64; the logits the combine
+    reads back are rounded to bf16, hence the tolerance."""
+    f = epic.autograd(S / "cross_entropy.epi", policy="fused", chunk_rows=chunk_rows)
+    d = f.derivation
+    sizes = {k: v for k, v in SIZES[size].items() if k in d.program.dims}
+    inputs = reference.random_inputs(d.program, sizes, seed=9)
+    g = torch.Generator().manual_seed(10)
+    weights = {o: torch.rand(sizes["M"], generator=g, dtype=torch.float64) for o in d.upstream}
+    want = check.autograd_grads(d.program, inputs, weights, d.wrt, sizes)
+    want_total = sum((reference.run(d.program, inputs, exact=True, sizes=sizes)[o] * w).sum() for o, w in weights.items())
+    leaves = {k: (v.cuda().requires_grad_() if k in d.wrt else v.cuda()) for k, v in inputs.items()}
+    args = {k: (v.t().contiguous().t() if d.program.tensors[k].layout == "kmajor" else v) for k, v in leaves.items()}
+    args.update({d.upstream[o]: w.float().cuda() for o, w in weights.items()})
+    total, outs = f(**args)
+    assert abs(total.item() - want_total.item()) <= 2e-2 * abs(want_total.item())
+    (3 * total).backward()
+    for k in d.wrt:
+        got = leaves[k].grad.double().cpu()
+        err = ((got - 3 * want[k]).abs().max() / (3 * want[k]).abs().max()).item()
+        assert err < 3e-2, (k, err)
+
+
 def units(names=None, sizes=None) -> list:
     """The kernels these tests run (of these cases and sizes: default all)."""
     from epic.codegen import emit
     out = []
     for name in names or CASES:
         d = epic.grad(S / f"{name}.epi")
-        for text in (d.forward_text, d.backward_text):
+        texts = [(d.forward_text, ()), (d.backward_text, ())]
+        if name == "cross_entropy":       # the fused loss, also in chunks of 100 rows (and its later chunks' variant)
+            texts.append((epic.grad(S / f"{name}.epi", policy="fused").forward_text, (100,)))
+            later = D.derive_source(S / f"{name}.epi", path=True, policy="fused", accumulate=True)
+            texts.append((later.forward_text, (100,)))
+        for text, chunks in texts:
             prog = epic.compile(text)
-            for size in (SIZES[s] for s in (sizes or SIZES)):
+            every = [SIZES[s] for s in (sizes or SIZES)]
+            for size in every + [dict(every[0], M=m) for m in chunks]:
                 sizes_ = {k: v for k, v in size.items() if k in prog.program.dims}
                 configs = emit.kernel_configs(prog.program, sizes_["M"], None, sizes_)
                 out += [u for _, u in emit.units(prog.program, configs)]

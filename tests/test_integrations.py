@@ -65,23 +65,27 @@ def _compare(want_run, got_run, no_logits=True):
     assert max(errors.values()) < GRAD_TOL, errors
 
 
+@pytest.mark.parametrize("loss_policy", ["fused", "save"])
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_loss_and_every_gradient_match_huggingface(kind):
+def test_loss_and_every_gradient_match_huggingface(kind, loss_policy):
     ref = _model(kind)
     patched = copy.deepcopy(ref)
-    (apply_epic_to_qwen3 if kind == "qwen3" else apply_epic_to_llama)(patched, fallback="eager")
+    (apply_epic_to_qwen3 if kind == "qwen3" else apply_epic_to_llama)(patched, fallback="eager",
+                                                                       loss_policy=loss_policy)
     _assert_same_training(ref, patched)
 
 
-def test_the_lm_head_s_backward_in_chunks_of_rows(monkeypatch):
+@pytest.mark.parametrize("loss_policy", ["fused", "save"])
+def test_the_lm_head_s_backward_in_chunks_of_rows(monkeypatch, loss_policy):
     """chunk_rows=7 over 32 tokens: five chunks, the last of 4 rows; the same training as HF's."""
     from epic.integrations import programs
     asked = []
     real = programs.lm_head_loss
     monkeypatch.setattr(programs, "lm_head_loss", lambda *a: asked.append(a) or real(*a))
     ref = _model()
-    _assert_same_training(ref, apply_epic_to_llama(copy.deepcopy(ref), fallback="eager", chunk_rows=7))
-    assert asked == [("eager", 7)]
+    _assert_same_training(ref, apply_epic_to_llama(copy.deepcopy(ref), fallback="eager", chunk_rows=7,
+                                                   loss_policy=loss_policy))
+    assert asked == [("eager", 7, loss_policy)]
 
 
 def test_the_post_attention_norm_s_eps_is_the_model_s():
@@ -166,8 +170,9 @@ def test_both_programs_generate_code_forward_and_backward():
     kernel of the forward and backward programs, through code generation (no E702), without nvcc."""
     from epic.integrations import programs
     dims = dict(M=4096, E=1024, D=1024, F=2816, V=32000)
-    for f in (programs.decoder_mlp(1e-5, "never"), programs.lm_head_loss("never")):
-        for prog in (f.forward, f.backward):
+    for f in (programs.decoder_mlp(1e-5, "never"), programs.lm_head_loss("never"),
+              programs.lm_head_loss("never", None, "save")):
+        for prog in (p for p in (f.forward, f.backward) if p is not None):   # fused: no backward program
             sizes = {k: v for k, v in dims.items() if k in prog.program.dims}
             names = [u.name for _, u in prog.units(sizes)]
             assert names and all(u.source for _, u in prog.units(sizes)), names
@@ -188,6 +193,8 @@ def test_a_model_the_programs_do_not_fit_is_refused_with_e610():
     assert code == "E610" and "LlamaForCausalLM" in msg
     code, msg = _code(lambda: apply_epic_to_llama(_model(), fallback="fast"))
     assert code == "E608"
+    code, msg = _code(lambda: apply_epic_to_llama(_model(), fallback="eager", loss_policy="recompute"))
+    assert code == "E610" and "loss_policy" in msg
     ids, labels = _batch()
     float32 = apply_epic_to_llama(_model().float(), fallback="eager")
     code, msg = _code(lambda: float32(input_ids=ids, labels=labels))

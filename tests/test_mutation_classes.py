@@ -204,15 +204,6 @@ def test_row_scale_deferral_through_casts_and_signs(form):
     assert max(verify.equivalence(a, inputs, sizes).values()) <= 1e-12
 
 
-def test_a_scaled_value_another_gemm_reads_as_a_tile_is_e502_naming_it():
-    with pytest.raises(EpicError) as e:
-        analyze("gemm a(x: bf16[M, D] @ wo: bf16[D, D]) {\n  in g: bf16[D]\n  tmp n: bf16 = rmsnorm(acc, g)\n}\n"
-                "gemm b(n @ w2: bf16[D, E]) {\n  out y: bf16 = acc\n}\n"
-                "gemm c(x @ w3: bf16[D, D]) {\n  out y2: bf16 = acc + n\n}\n")
-    d = e.value.diagnostics[0]
-    assert d.code == "E502" and "read as a tile by gemm 'c'" in d.message and d.span.line == 3
-
-
 # ---------------------------------------------------------------- passes: the manager and traces
 def test_the_simplify_trace_says_which_rule_fired_where():
     a = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out y: bf16 = acc * 1.0\n}\n")

@@ -37,6 +37,10 @@ def derived_grads(d: Derivation, inputs: dict, upstream: dict,
                   sizes: dict | None = None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(outputs, gradients) by running the derived forward and backward programs on the interpreter."""
     fwd = load_program(d.forward_text, "<forward>", ".")
+    if d.fused:                 # one program: the loss weights are inputs of the forward
+        got = reference.run(fwd, {**inputs, **{name: upstream[out] for out, name in d.upstream.items()}},
+                            exact=True, sizes=sizes)
+        return got, _gradients(d, got, {}, inputs)
     outs = reference.run(fwd, inputs, exact=True, sizes=sizes)
     if not d.has_kernels:       # every gradient is an incoming one, passed on as it is
         return outs, {n: (upstream[_upstream_of(d, d.grads[n])] if n in d.grads else torch.zeros(inputs[n].shape,
@@ -54,6 +58,10 @@ def derived_grads(d: Derivation, inputs: dict, upstream: dict,
     for out, name in d.upstream.items():
         feed[name] = upstream[out]
     got = reference.run(bwd, feed, exact=True, sizes=sizes)
+    return outs, _gradients(d, got, feed, inputs)
+
+
+def _gradients(d: Derivation, got: dict, feed: dict, inputs: dict) -> dict[str, torch.Tensor]:
     grads = {}
     for name in d.wrt:
         if name in d.grads:
@@ -61,7 +69,7 @@ def derived_grads(d: Derivation, inputs: dict, upstream: dict,
             grads[name] = g.t() if name in d.transposed_grads else g
         else:
             grads[name] = torch.zeros(inputs[name].shape, dtype=F64)
-    return outs, grads
+    return grads
 
 
 def compare(d: Derivation, sizes: dict[str, int], seed: int = 0) -> dict[str, float]:

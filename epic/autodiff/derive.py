@@ -28,6 +28,7 @@ from ..ir.core import GemmKernel, Program, Tensor, Value, make, topo_order
 from ..shapes import Kind, Shape
 from . import epilogue
 from .builder import SMOOTH_CASTS
+from .fused import accumulate_sums, derive_fused
 from .text import GemmText, type_text as _type
 
 
@@ -43,6 +44,8 @@ class Derivation:
     saved: dict[str, str]             # forward tensor kept for the backward -> why
     renamed_inputs: dict[str, str] = field(default_factory=dict)  # backward input -> forward input it is (transposed)
     recomputed: list[str] = field(default_factory=list)           # forward gemms the backward runs again
+    fused: bool = False               # policy "fused": forward_text computes the gradients too; no backward
+    sums: dict[str, str] = field(default_factory=dict)  # fused, accumulate: gradient -> the earlier chunks' sum
 
     def ledger(self, sizes: dict[str, int]) -> list[str]:
         """What the derivation decided, in bytes and flops at these sizes: the tensors the forward
@@ -68,7 +71,8 @@ class Derivation:
 
     @property
     def has_kernels(self) -> bool:
-        """False when every gradient is an incoming one passed on as it is (`out y = z`: dz = dy)."""
+        """False when every gradient is an incoming one passed on as it is (`out y = z`: dz = dy), or
+        the forward computes them (policy "fused")."""
         return "\ngemm " in self.backward_text
 
 
@@ -93,7 +97,8 @@ class _Piece:
     value: Value
 
 
-POLICIES = ("save", "recompute")
+POLICIES = ("save", "recompute")      # what a separate backward program keeps or recomputes
+FUSED = "fused"                        # no backward program: the forward computes the gradients
 
 
 class _Deriver:
@@ -117,6 +122,8 @@ class _Deriver:
         self.stat_names: dict[int, str] = {}
         self._dims_memo: dict[str, tuple] = {}
         self.needs = self._needs_grad()
+        self.primal_inline: DType | None = None          # policy "fused" (autodiff/fused.py)
+        self.last_primal: epilogue.Primal | None = None
 
     # ------------------------------------------------------------------ what needs a gradient
     def _needs_grad(self) -> set[str]:
@@ -230,7 +237,8 @@ class _Deriver:
         if (want_a or want_b) and a.dtype.bits != 16:
             raise error("E903", f"the gradient through gemm '{k.name}' ({a.dtype} x {b.dtype}) is not derived: "
                         "the backward gemms multiply 16-bit operands", k.span, "keep its operands out of --wrt")
-        primal = epilogue.Primal(k, self._stat_name(k))
+        primal = epilogue.Primal(k, self._stat_name(k), inline=self.primal_inline)
+        self.last_primal = primal
         stores, dacc = self._leaf_cotangents(k, seeds, primal, loads, want_a or want_b)
         self._keep_statistics(k, primal)
         self._emit_epilogue(k, stores, dacc)
@@ -391,7 +399,7 @@ class _Deriver:
         level: dict[int, int] = {}
         last_use: dict[int, int] = {}          # the latest stage that reads each value
         for v in order:
-            level[v.id] = max((level[x.id] + (1 if _crosses(x) else 0) for x in v.args), default=0)
+            level[v.id] = max((level[x.id] + (1 if self._stage_ends(x) else 0) for x in v.args), default=0)
             for x in v.args:
                 last_use[x.id] = max(last_use.get(x.id, 0), level[v.id])
         stages = max((level[v.id] for v in roots), default=0) + 1
@@ -412,7 +420,7 @@ class _Deriver:
             memo: dict[int, Value] = {}
             # statistics this stage computes for later ones
             for v in order:
-                if _crosses(v) and level[v.id] == s and last_use.get(v.id, s) > s:
+                if self._stage_ends(v) and level[v.id] == s and last_use.get(v.id, s) > s:
                     name = self.names.fresh(f"{k.name}_g")
                     boundary[v.id] = name
                     g.stores.append(("tmp", name, _type(F32, v.shape.dims(k.rows, k.n)), self._cut(v, boundary, memo)))
@@ -428,6 +436,11 @@ class _Deriver:
                 else:
                     self.pieces.setdefault(tensor, []).append(_Piece(here, v))
         return dacc_name
+
+    def _stage_ends(self, v: Value) -> bool:
+        """A reduction across tiles ends a stage, except a forward statistic computed in place (policy
+        "fused": the row combine kernel finishes the tiles that need it)."""
+        return _crosses(v) and not (self.last_primal is not None and v.id in self.last_primal.inlined)
 
     def _cut(self, v: Value, boundary: dict[int, str], memo: dict[int, Value]) -> Value:
         """v with the statistics of earlier stages replaced by loads of what those stages stored (memo:
@@ -543,28 +556,33 @@ def check_wrt(program: Program, wrt: list[str]) -> list[str]:
 
 
 def derive(program: Program, wrt: list[str] | None = None, straight_through: bool = False,
-           source_name: str = "<program>", policy: str = "save") -> Derivation:
+           source_name: str = "<program>", policy: str = "save", accumulate: bool = False) -> Derivation:
     """The backward of a source-level program (straight from the front end, before any pass).
     policy "save": a gemm whose one stored tile feeds only the next gemm's A operand has its backward
     epilogue run in that gemm's dA gemm, on its accumulator saved by the forward (pattern D; one gemm
     fewer, the saved tile's bytes more); "recompute": every backward epilogue runs in a gemm that
-    recomputes its forward accumulator."""
-    if policy not in POLICIES:
-        raise error("E801", f"unknown policy '{policy}'", None, "policies: " + ", ".join(POLICIES))
+    recomputes its forward accumulator; "fused": one program computes the outputs and the gradients,
+    the outputs' cotangents given with the inputs (a loss head: autodiff/fused.py)."""
+    if policy not in POLICIES + (FUSED,):
+        raise error("E801", f"unknown policy '{policy}'", None, "policies: " + ", ".join(POLICIES + (FUSED,)))
     from .forward import program_text
     wrt = check_wrt(program, wrt) if wrt else default_wrt(program)
     if not wrt:
         raise error("E902", "the program has no floating-point tensor input to take a gradient with respect to",
                     None)
-    d = _Deriver(program, wrt, straight_through, policy)
-    for k in reversed(program.kernels):
-        d.kernel(k)
+    d = _Deriver(program, wrt, straight_through, "recompute" if policy == FUSED else policy)
+    if policy == FUSED:
+        derive_fused(program, d)
+    else:
+        for k in reversed(program.kernels):
+            d.kernel(k)
     if not d.upstream:
         outs = [t.name for t in program.outputs()]
         raise error("E902", f"no output of the program carries a gradient back to {', '.join(wrt)} (outputs: "
                     f"{', '.join(outs)}; quantized outputs and block scales have none)", None,
                     "gradients flow back from f32, bf16 or f16 outputs that depend on the inputs")
     grads = d.finish()
+    sums = accumulate_sums(d, grads, program) if accumulate and policy == FUSED else {}
     missing = [name for name in wrt if name not in grads]
     backward = d.text()
     extra: dict[str, list] = {}
@@ -590,15 +608,22 @@ def derive(program: Program, wrt: list[str] | None = None, straight_through: boo
     if d.upstream:
         header.append("Inputs: " + ", ".join(f"{v} = d loss / d {k}" for k, v in d.upstream.items())
                       + "; the forward's inputs; and what it saved: " + (", ".join(d.saved) or "nothing"))
+    if policy == FUSED:
+        header[0] = f"Forward of {source_name} with its gradient (policy fused), derived by epic grad."
+        header[-1] = "Inputs: " + ", ".join(f"{v} = d loss / d {k} (the weight of each row in the loss)"
+                                             for k, v in d.upstream.items()) + "; the forward's inputs"
+        text = "\n".join(f"# {line}" for line in header) + "\n" + backward
+        return Derivation(program, text, "", wrt, grads, {n for n in grads if n in d.transposed},
+                          dict(d.upstream), {}, dict(d.renamed), [], fused=True, sums=sums)
     text = "\n".join(f"# {line}" for line in header) + "\n" + backward
     return Derivation(program, forward, text, wrt, grads, {n for n in grads if n in d.transposed},
                       dict(d.upstream), dict(d.saved), dict(d.renamed), list(d.recomputed))
 
 
 def derive_source(path_or_text, wrt: list[str] | None = None, straight_through: bool = False,
-                  path: bool | None = None, policy: str = "save") -> Derivation:
+                  path: bool | None = None, policy: str = "save", accumulate: bool = False) -> Derivation:
     """Check a program (file or text) as `epic check` does, then derive its backward."""
     from .. import pipeline
     analysis = pipeline.analyze(path_or_text, path=path)
     program = analysis.source_program
-    return derive(program, wrt, straight_through, source_name=program.name, policy=policy)
+    return derive(program, wrt, straight_through, source_name=program.name, policy=policy, accumulate=accumulate)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..diagnostics import error
-from ..dtypes import BOOL, F32
+from ..dtypes import BOOL, F32, DType
 from ..ir import primitives as P
 from ..ir.core import GemmKernel, Value, make
 from ..shapes import Kind, Shape
@@ -31,11 +31,16 @@ class Primal:
     recomputed (the same Value objects where nothing below them changes), statistics are loads of
     the tensors `saved_name(v)` names. Which statistics were asked for is `used`."""
 
-    def __init__(self, kernel: GemmKernel, saved_name: Callable[[Value], str], rebase: tuple | None = None):
+    def __init__(self, kernel: GemmKernel, saved_name: Callable[[Value], str], rebase: tuple | None = None,
+                 inline: DType | None = None):
         """rebase: (rows, n, the saved accumulator's load, tensors) to build the values in another gemm
-        (pattern D: the gemm producing the incoming gradient), whose tile is [rows, n]."""
+        (pattern D: the gemm producing the incoming gradient), whose tile is [rows, n]. inline: the
+        statistics are computed here, not loaded (the gradient computed in the forward, policy "fused"),
+        from the accumulator rounded to this dtype (what a row combine kernel reads back)."""
         self.kernel = kernel
         self.rebase = rebase
+        self.inline = inline
+        self.inlined: set[int] = set()        # ids of the statistics computed in place
         self._saved_name = saved_name
         self._memo: dict[int, Value] = {}
         self.used: dict[str, Value] = {}      # saved tensor name -> the forward statistic
@@ -50,7 +55,8 @@ class Primal:
             if top.id in self._memo:
                 stack.pop()
                 continue
-            pending = [a for a in top.args if a.id not in self._memo] if not is_statistic(top) else []
+            pending = [a for a in top.args if a.id not in self._memo] \
+                if self.inline is not None or not is_statistic(top) else []
             if pending:
                 stack.extend(pending)
                 continue
@@ -60,7 +66,9 @@ class Primal:
 
     def _build(self, v: Value) -> Value:
         k = self.kernel
-        if is_statistic(v):
+        if self.inline is not None and P.is_accumulator(v.op):
+            return make("cast", (v,), {"to": self.inline}, v.span)
+        if is_statistic(v) and self.inline is None:
             name = self._saved_name(v)
             self.used[name] = v
             shape = v.shape if self.rebase is None else shape_in(v.shape.dims(k.rows, k.n), *self.rebase[:2])
@@ -73,9 +81,10 @@ class Primal:
                 return make("load", (), dict(v.attrs, shape=shape_in(tensors[v.attrs["tensor"]].dims, rows, n)),
                             v.span, v.name)
         args = tuple(self._memo[a.id] for a in v.args)
-        if all(x is a for x, a in zip(args, v.args)):
-            return v
-        return make(v.op, args, v.attrs, v.span, v.name)
+        out = v if all(x is a for x, a in zip(args, v.args)) else make(v.op, args, v.attrs, v.span, v.name)
+        if is_statistic(v):
+            self.inlined.add(out.id)
+        return out
 
 
 def shape_in(dims: tuple, rows, n) -> Shape:

@@ -146,5 +146,9 @@ def autograd(path_or_source, wrt: list[str] | None = None, straight_through: boo
              config: dict | None = None, fallback: str = "never", chunk_rows: int | None = None,
              policy: str = "save") -> Differentiable:
     """A differentiable function of a program (see the module docstring); chunk_rows=N runs the backward
-    on N rows at a time (peak_extra_bytes(sizes) says what that saves)."""
+    on N rows at a time (peak_extra_bytes(sizes) says what that saves). policy="fused": a loss head
+    computing its gradients in the forward (autodiff/loss.py)."""
+    if policy == "fused":
+        from .loss import FusedLoss
+        return FusedLoss(path_or_source, wrt, straight_through, config, fallback, chunk_rows)
     return Differentiable(path_or_source, wrt, straight_through, config, fallback, chunk_rows, policy)

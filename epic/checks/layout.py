@@ -154,13 +154,14 @@ def _row_scales_read_otherwise(program: Program) -> list[Diagnostic]:
     its B operand would multiply the unscaled tile. Refused here, before the pass."""
     from .locality import reductions_feeding
     out = []
+    unscalable = row_finish.unscalable_reads(program)
     for i, k in enumerate(program.kernels):
         if k.kind != "gemm":
             continue
         dep = reductions_feeding(k)
         for s in k.stores:
             if (s.value.kind is not Kind.TILE or s.value.id not in dep or dep[s.value.id].attrs["axis"] != "row"
-                    or row_finish.finished_after_row(k, s, program.tensors[s.tensor], dep)):
+                    or row_finish.finished_after_row(k, s, program.tensors[s.tensor], dep, unscalable)):
                 continue
             for c in program.kernels[i + 1:]:
                 if c.kind != "gemm":

@@ -67,6 +67,7 @@ def describe_reduction(r: Value, k: GemmKernel) -> str:
 
 def check(program: Program) -> list[Diagnostic]:
     out: list[Diagnostic] = []
+    unscalable = row_finish.unscalable_reads(program)
     for k in program.kernels:
         if k.kind != "gemm":
             continue
@@ -76,7 +77,7 @@ def check(program: Program) -> list[Diagnostic]:
         if whole:
             out.append(whole)
             continue
-        in_gemm = row_finish.left_in_gemm(k, program.tensors, dep)
+        in_gemm = row_finish.left_in_gemm(k, program.tensors, dep, unscalable)
         for v in k.values:
             if v.id not in dep or _is_reduce(v) or v.kind not in (Kind.TILE, Kind.BLOCK) or v.id not in in_gemm:
                 continue        # (a quantizing store the row combine kernel finishes is legal)

@@ -56,22 +56,38 @@ def _finishable(s: Store, dep: dict) -> bool:
     return True
 
 
-def finished_after_row(k, s: Store, t: Tensor, dep: dict) -> bool:
+def unscalable_reads(program) -> frozenset[str]:
+    """Tensors a gemm reads in a way a deferred row scale cannot follow: transposed (`.T`: the scale
+    would be a column scale there), as the B operand, or loaded as a tile by an epilogue."""
+    out = set()
+    for c in program.kernels:
+        if c.kind != "gemm":
+            continue
+        if getattr(c, "a_t", False):
+            out.add(c.a)
+        out.add(c.b)
+        out |= {v.attrs["tensor"] for v in c.values if P.is_load(v) and v.kind is Kind.TILE}
+    return frozenset(out)
+
+
+def finished_after_row(k, s: Store, t: Tensor, dep: dict, unscalable: frozenset = frozenset()) -> bool:
     """Whether store s of gemm k is a tile store that the row combine kernel finishes: a quantizing
-    one (no scale may cross it), or an output (the caller expects the finished value, e.g. RMSNorm's
-    normalized rows, so the scale cannot be deferred into a consumer either)."""
+    one (no scale may cross it), an output (the caller expects the finished value, e.g. RMSNorm's
+    normalized rows, so the scale cannot be deferred into a consumer either), or a tile a later gemm
+    reads where a deferred scale cannot follow (`unscalable_reads`: cross entropy's dlogits, read
+    transposed by the weight-gradient gemm)."""
     return (s.value.kind is Kind.TILE and s.value.id in dep and _finishable(s, dep)
-            and (nonlinear_crossing(s, t, dep) is not None or t.role == "out"))
+            and (nonlinear_crossing(s, t, dep) is not None or t.role == "out" or t.name in unscalable))
 
 
-def finished_stores(k, tensors: dict, dep: dict) -> list[Store]:
-    return [s for s in k.stores if finished_after_row(k, s, tensors[s.tensor], dep)]
+def finished_stores(k, tensors: dict, dep: dict, unscalable: frozenset = frozenset()) -> list[Store]:
+    return [s for s in k.stores if finished_after_row(k, s, tensors[s.tensor], dep, unscalable)]
 
 
-def left_in_gemm(k, tensors: dict, dep: dict) -> set[int]:
+def left_in_gemm(k, tensors: dict, dep: dict, unscalable: frozenset = frozenset()) -> set[int]:
     """Ids of the values the gemm itself must compute once the finished stores are taken out (what
     the locality check and the split pass hold to tile locality)."""
-    finished = {id(s) for s in finished_stores(k, tensors, dep)}
+    finished = {id(s) for s in finished_stores(k, tensors, dep, unscalable)}
     roots = [s.value for s in k.stores if id(s) not in finished]
     return {v.id for v in topo_order(roots)}
 
@@ -79,7 +95,9 @@ def left_in_gemm(k, tensors: dict, dep: dict) -> set[int]:
 def frontier(s: Store, dep: dict) -> list[Value]:
     """The tile-local tiles the finished store needs: the values not computed from a reduction whose
     users are (what the gemm stores for the combine kernel to read back). A comparison is recomputed
-    from its operands (a bool is not a storable type)."""
+    from its operands (a bool is not a storable type), and so is element-wise math on what the combine
+    kernel reads itself (column indices, tensors, vectors: cross entropy's `select(col == label, ..)`
+    costs no buffer)."""
     out: dict[int, Value] = {}
     seen: set[int] = set()
     stack = [s.value]
@@ -90,9 +108,23 @@ def frontier(s: Store, dep: dict) -> list[Value]:
         seen.add(v.id)
         if P.family(v.op) is P.Family.REDUCE:
             continue                  # merged from the partials: its operand is not read back
-        if v.id in dep or (v.kind is Kind.TILE and v.dtype.name == "bool"):
+        if v.id in dep or (v.kind is Kind.TILE and v.dtype.name == "bool") or _recomputable(v):
             stack.extend(v.args)
         elif v.kind is Kind.TILE and not P.prim(v.op).reads:     # a tensor the combine kernel can read itself
             out[v.id] = v
     order = {v.id: i for i, v in enumerate(topo_order([s.value]))}
     return sorted(out.values(), key=lambda v: order[v.id])
+
+
+def _recomputable(v: Value) -> bool:
+    """v is element-wise math on what the row combine kernel reads or knows itself (literals, tensor
+    loads, the column index), so it need not be stored for it."""
+    for x in topo_order([v]):
+        p = P.prim(x.op)
+        if x.kind is Kind.BLOCK or (x.kind in (Kind.TILE, Kind.ROW) and x.shape.width != 1) \
+                or p.family in (P.Family.PAIR, P.Family.BLOCK):
+            return False
+        if p.family is P.Family.SOURCE and not (P.is_literal(x) or (p.reads == "tensor" and "period" not in x.attrs)
+                                                or p.keyword == "col"):
+            return False
+    return True

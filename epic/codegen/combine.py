@@ -163,6 +163,7 @@ def _finish_tiles(program: Program, k: CombineKernel, tiled: list, writer, ptr, 
     w = widths.pop()
     wdim = k.n * w
     width = scalar(str(wdim), wdim)
+    tile_reads: dict[int, tuple[str, object]] = {}      # line index -> (pointer, dtype) of a tile read
     for v in tiled:
         p = P.prim(v.op)
         if p.reads == "tensor":
@@ -172,6 +173,8 @@ def _finish_tiles(program: Program, k: CombineKernel, tiled: list, writer, ptr, 
                             "not supported by code generation yet", v.span)
             pp = ptr("tile" if v.kind is Kind.TILE else "row", t.name, t.dtype)
             at = "(long long)m * W + n" if v.kind is Kind.TILE else "n"
+            if v.kind is Kind.TILE:
+                tile_reads[len(writer.lines)] = (pp, t.dtype)
             writer.lines.append(f"const float {pp}_at = float(static_cast<const {t.dtype.cuda}*>({pp})[{at}]);")
             writer.bind(v, (f"{pp}_at",))        # loaded once: the stores in between could alias it
         elif p.keyword == "col" and v.shape.width == 1:
@@ -187,7 +190,9 @@ def _finish_tiles(program: Program, k: CombineKernel, tiled: list, writer, ptr, 
                         "statistic is not supported by code generation yet", s.span,
                         f"store one of {', '.join(d.name for d in FINISHED_STORES)}")
     packed = any(program.tensors[s.tensor].dtype is dtypes.I4 for s in stored)
-    per = 2 if packed else 1
+    if not packed:
+        return _vector_loop(program, stored, writer, width, tile_reads, ptr)
+    per = 2
     lines = [f"const long long W = (long long)({width});",
              f"for (long long j = lane; j < {'(W + 1) / 2' if packed else 'W'}; j += 32) {{"]
     lines += [f"  unsigned pack_{i} = 0u;" for i, s in enumerate(stored)
@@ -246,3 +251,51 @@ def _merge_lanes(r: P.Reduction, i: int, lanes: str, count: str) -> list[str]:
         f"for (int o = 16; o > 0; o >>= 1) {{ {shuffles} {step('[0]')} }}",
         f"float red_{i} = {result};",
     ]
+
+
+VEC = 8        # columns per lane and step of the vector loop: 16 bytes of a 16-bit tile
+
+
+def _vector_loop(program: Program, stored: list, writer, width: str, tile_reads: dict, ptr) -> list[str]:
+    """The per-column loop without packed stores: where W is a multiple of VEC (every row then starts
+    VEC-element aligned, and tensors are 16-byte aligned), each lane moves VEC consecutive columns per
+    step with vector loads and stores (8, 16 or 32 bytes); else one column per step."""
+    outs = {s.tensor: ptr("out", program.tensors[s.tensor].name, program.tensors[s.tensor].dtype) for s in stored}
+
+    def body(vector: bool) -> list[str]:
+        lines = [f"const float {tile_reads[i][0]}_at = float(in_{tile_reads[i][0]}[e]);" if vector and i in tile_reads
+                 else line for i, line in enumerate(writer.lines)]
+        for s in stored:
+            t = program.tensors[s.tensor]
+            (x,) = writer.names[s.value.id]
+            value = fn.store_expr(x, t.dtype)
+            conv = f"static_cast<{t.dtype.cuda}>({value})" if t.dtype.is_int else f"{t.dtype.cuda}({value})"
+            lines.append(f"out_{outs[s.tensor]}[e] = {conv};" if vector else
+                         f"static_cast<{t.dtype.cuda}*>({outs[s.tensor]})[(long long)m * W + n] = {conv};")
+        return lines
+
+    lines = [f"const long long W = (long long)({width});", f"if (W % {VEC} == 0) {{",
+             f"  for (long long j = (long long)lane * {VEC}; j < W; j += 32 * {VEC}) {{"]
+    for pp, dt in tile_reads.values():
+        lines.append(f"    alignas(16) {dt.cuda} in_{pp}[{VEC}];")
+        lines.append(f"    {_copy(f'in_{pp}', f'static_cast<const {dt.cuda}*>({pp}) + (long long)m * W + j', dt)}")
+    for s in stored:
+        lines.append(f"    alignas(16) {program.tensors[s.tensor].dtype.cuda} out_{outs[s.tensor]}[{VEC}];")
+    lines += ["    #pragma unroll", f"    for (int e = 0; e < {VEC}; ++e) {{", "      const long long n = j + e;"]
+    lines += [f"      {line}" for line in body(True)]
+    lines.append("    }")
+    for s in stored:
+        dt = program.tensors[s.tensor].dtype
+        lines.append(f"    {_copy(f'static_cast<{dt.cuda}*>({outs[s.tensor]}) + (long long)m * W + j', f'out_{outs[s.tensor]}', dt)}")
+    lines += ["  }", "} else {", "  for (long long n = lane; n < W; n += 32) {"]
+    lines += [f"    {line}" for line in body(False)]
+    return lines + ["  }", "}"]
+
+
+def _copy(dst: str, src: str, dt) -> str:
+    """VEC elements of dtype dt from src to dst, both aligned to VEC elements, as 8- or 16-byte moves."""
+    nbytes = VEC * dt.bits // 8
+    unit = "uint4" if nbytes >= 16 else "uint2"
+    count = max(1, nbytes // 16)
+    return " ".join(f"reinterpret_cast<{unit}*>({dst})[{i}] = reinterpret_cast<const {unit}*>({src})[{i}];"
+                    for i in range(count))

@@ -24,29 +24,34 @@ from . import programs
 
 # a patched class -> HF's forward: the patched one binds arguments by it and runs it where epic does not apply
 _ORIGINAL: dict[type, types.FunctionType] = {}
+LOSS_POLICIES = ("fused", "save")
 
 
 def apply_epic_to_llama(model=None, *, mlp: bool = True, cross_entropy: bool = True, fallback: str = "never",
-                        chunk_rows: int | None = None):
+                        chunk_rows: int | None = None, loss_policy: str = "fused"):
     """Patch a LlamaForCausalLM instance (or, with model=None, the classes: every Llama model runs
     epic). fallback: as epic.compile's ("eager" runs the unfused torch form: no GPU). chunk_rows:
-    the LM head's backward runs on that many tokens at a time (epic.autograd's chunk_rows), so its
-    [tokens, vocab] logit gradient is [chunk_rows, vocab]."""
+    the LM head runs on that many tokens at a time (epic.autograd's chunk_rows), so its [tokens,
+    vocab] logit gradient is [chunk_rows, vocab]. loss_policy: "fused" (the LM head's gradients
+    computed in its forward, 3 gemms) or "save" (a backward program recomputing the logits, 4)."""
     from transformers.models.llama import modeling_llama as m
     return apply_epic(m.LlamaForCausalLM, m.LlamaDecoderLayer, model, mlp=mlp, cross_entropy=cross_entropy,
-                      fallback=fallback, chunk_rows=chunk_rows)
+                      fallback=fallback, chunk_rows=chunk_rows, loss_policy=loss_policy)
 
 
 def apply_epic(causal_cls: type, layer_cls: type, model=None, *, mlp: bool = True, cross_entropy: bool = True,
-               fallback: str = "never", chunk_rows: int | None = None):
+               fallback: str = "never", chunk_rows: int | None = None, loss_policy: str = "fused"):
     """Patch a model whose decoder layers are Llama's (self_attn.o_proj, post_attention_layernorm,
     mlp.gate_proj/up_proj/down_proj) and whose causal-LM head is model.lm_head."""
     from ..runtime.compiled import FALLBACKS
     if fallback not in FALLBACKS:
         raise error("E608", f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
+    if loss_policy not in LOSS_POLICIES:
+        raise error("E610", f"loss_policy must be one of {', '.join(LOSS_POLICIES)}, got {loss_policy!r}")
     originals = {"layer": _ORIGINAL.setdefault(layer_cls, layer_cls.forward),
                  "causal": _ORIGINAL.setdefault(causal_cls, causal_cls.forward)}
-    options = {"fallback": fallback, "chunk_rows": chunk_rows, "layer_returns_tuple": _returns_tuple(originals["layer"]),
+    options = {"fallback": fallback, "chunk_rows": chunk_rows, "loss_policy": loss_policy,
+               "layer_returns_tuple": _returns_tuple(originals["layer"]),
                **originals}
     if model is None:
         if mlp:
@@ -201,11 +206,14 @@ def lm_head_loss(model, hidden: torch.Tensor, labels: torch.Tensor | None, shift
     x = hidden.reshape(-1, hidden.shape[-1]).contiguous()
     _bf16("the LM head's input", x)
     _bf16("lm_head.weight", model.lm_head.weight)
-    program = programs.lm_head_loss(model._epic_options["fallback"], model._epic_options["chunk_rows"])
+    options = model._epic_options
+    program = programs.lm_head_loss(options["fallback"], options["chunk_rows"], options.get("loss_policy", "fused"))
+    count = (label >= 0).sum() if num_items_in_batch is None else num_items_in_batch
+    if torch.is_tensor(count):
+        count = count.to(x.device)
+    if options.get("loss_policy", "fused") == "fused":
+        # each counted token's weight in the loss, known now: the forward computes the gradients
+        weights = (label >= 0).to(torch.float32) / count
+        return program(x=x, w=model.lm_head.weight.t(), label=label, d_loss=weights)[0]
     rows = program(x=x, w=model.lm_head.weight.t(), label=label)["loss"]
-    total = rows.sum()
-    if num_items_in_batch is not None:
-        if torch.is_tensor(num_items_in_batch):
-            num_items_in_batch = num_items_in_batch.to(total.device)
-        return total / num_items_in_batch
-    return total / (label >= 0).sum()
+    return rows.sum() / count

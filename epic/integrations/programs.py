@@ -46,11 +46,13 @@ def decoder_mlp(eps: float, fallback: str):
 
 
 @functools.lru_cache(maxsize=None)
-def lm_head_loss(fallback: str, chunk_rows: int | None = None):
-    """chunk_rows: the backward's [tokens, vocab] logit gradient exists for that many tokens at a time."""
-    return _differentiable(LM_HEAD_LOSS, fallback, chunk_rows)
+def lm_head_loss(fallback: str, chunk_rows: int | None = None, policy: str = "fused"):
+    """chunk_rows: the [tokens, vocab] logit gradient exists for that many tokens at a time. policy
+    "fused": the gradients are computed in the forward (3 gemms, autodiff/fused.py); "save": by a
+    backward program that recomputes the logits (4 gemms)."""
+    return _differentiable(LM_HEAD_LOSS, fallback, chunk_rows, policy)
 
 
-def _differentiable(text: str, fallback: str, chunk_rows: int | None = None):
+def _differentiable(text: str, fallback: str, chunk_rows: int | None = None, policy: str = "save"):
     from .. import autograd
-    return autograd(text, fallback=fallback, chunk_rows=chunk_rows)
+    return autograd(text, fallback=fallback, chunk_rows=chunk_rows, policy=policy)

@@ -105,6 +105,7 @@ def _reduction_behind(v: Value, dep: dict) -> Value:
 def run(program, trace=None):
     kernels = list(program.kernels)
     tensors = dict(program.tensors)
+    unscalable = row_finish.unscalable_reads(program)
     for i, k in enumerate(kernels):
         if k.kind != "gemm":
             continue
@@ -115,12 +116,11 @@ def run(program, trace=None):
             v = s.value
             if v.kind is not Kind.TILE or v.id not in dep:
                 continue
-            if _stays(k, s, tensors[s.tensor], dep):
+            if _stays(k, s, tensors[s.tensor], dep, unscalable):
                 continue
             consumers = [c for c in kernels[i + 1:] if c.kind == "gemm" and c.a == s.tensor]
             if not consumers:
                 continue        # nothing to defer into: the locality check reports it
-            _check_consumers(program, kernels[i + 1:], s, tensors[s.tensor], consumers, dep[v.id], k)
             try:
                 new_value, scale = _split(v, dep)
             except _NotLinear as e:
@@ -154,26 +154,10 @@ def run(program, trace=None):
     return program.replace_kernels(kernels, tensors)
 
 
-def _stays(k, s: Store, t: Tensor, dep: dict) -> bool:
+def _stays(k, s: Store, t: Tensor, dep: dict, unscalable: frozenset) -> bool:
     """A store whose row scale is not deferred: quantizing (no scale crosses it) or returned; the row
     combine kernel finishes it (split-reductions), or the locality check says why it cannot."""
-    return row_finish.finished_after_row(k, s, t, dep) or nonlinear_crossing(s, t, dep) is not None
-
-
-def _check_consumers(program, later, s: Store, t: Tensor, consumers, reduction: Value, k) -> None:
-    readers = [c.name for c in later if any(P.prim(v.op).reads == "tensor" and v.attrs["tensor"] == s.tensor
-                                            for v in c.values)]
-    why = None
-    if t.role == "out":
-        why = (f"'{s.tensor}' is also returned to the caller, who expects the scaled value; "
-               f"declare it `tmp {s.tensor}` if only later gemms read it")
-    elif readers:
-        why = f"'{s.tensor}' is also read as a tile by gemm '{readers[0]}', where the scale cannot be deferred"
-    if why:
-        raise EpicError(Diagnostic(
-            "E502", f"cannot move the row scale of '{s.tensor}' ({describe_reduction(reduction, k)}) into gemm "
-            f"'{consumers[0].name}': {why}", s.span,
-            "a row scale can move only into gemms that read the value as their A operand"))
+    return row_finish.finished_after_row(k, s, t, dep, unscalable) or nonlinear_crossing(s, t, dep) is not None
 
 
 def _split(v: Value, dep: dict) -> tuple[Value, Value]:

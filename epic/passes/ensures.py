@@ -58,12 +58,13 @@ def _row_scales_deferred(program: Program) -> list[str]:
     only as f32/bf16 do)."""
     from .defer_row_scale import SUFFIX
     a_operands = {k.a for k in program.kernels if k.kind == "gemm"}
+    unscalable = row_finish.unscalable_reads(program)
     out = []
     for k in program.kernels:
         if k.kind != "gemm":
             continue
         dep = reductions_feeding(k)
-        finished = {id(s) for s in row_finish.finished_stores(k, program.tensors, dep)}
+        finished = {id(s) for s in row_finish.finished_stores(k, program.tensors, dep, unscalable)}
         out += [f"kernel {k.name}: {s.tensor} is an A operand and still depends on a reduction"
                 for s in k.stores if s.tensor in a_operands and s.value.id in dep and s.value.kind is Kind.TILE
                 and id(s) not in finished]

@@ -33,12 +33,13 @@ from .rewrite import copy_with, make
 
 def run(program, trace=None):
     kernels, tensors = [], dict(program.tensors)
+    unscalable = row_finish.unscalable_reads(program)
     for k in program.kernels:
         if k.kind != "gemm":
             kernels.append(k)
             continue
         dep, whole = reductions_feeding(k), whole_reductions_feeding(k)
-        in_gemm = row_finish.left_in_gemm(k, tensors, dep)
+        in_gemm = row_finish.left_in_gemm(k, tensors, dep, unscalable)
         if any(v.kind in (Kind.TILE, Kind.BLOCK) for v in k.values
                if v.id in dep and not _is_reduce(v) and v.id in in_gemm) or \
                 any(v.kind is not Kind.SCALAR for v in k.values if v.id in whole):
@@ -47,7 +48,7 @@ def run(program, trace=None):
         if not dep and not any(s.value.kind in (Kind.COL, Kind.ROW) for s in k.stores):
             kernels.append(k)   # nothing to split
             continue
-        kernels.extend(_split(k, dep, tensors))
+        kernels.extend(_split(k, dep, tensors, unscalable))
     return program.replace_kernels(kernels, tensors)
 
 
@@ -80,8 +81,8 @@ def _store_axis(s: Store, dep: dict, finished: set[int]) -> str | None:
     return {Kind.COL: "row", Kind.ROW: "col"}.get(s.value.kind)
 
 
-def _split(k, dep: dict, tensors: dict) -> list:
-    finished = {id(s) for s in row_finish.finished_stores(k, tensors, dep)}
+def _split(k, dep: dict, tensors: dict, unscalable: frozenset) -> list:
+    finished = {id(s) for s in row_finish.finished_stores(k, tensors, dep, unscalable)}
     local_stores = [s for s in k.stores if _store_axis(s, dep, finished) is None]
     partial_stores: list[Store] = []
     combines = []

@@ -1,0 +1,121 @@
+"""epic.autograd(path, policy="fused"): a loss head whose gradients are computed in its forward.
+
+    head = epic.autograd("samples/cross_entropy.epi", policy="fused", chunk_rows=4096)
+    total, outs = head(x=x, w=W.t(), label=label, d_loss=weights)   # weights: each row's share of the loss
+    total.backward()                                                  # x.grad, W.grad
+
+One program (autodiff/fused.py) computes the outputs and, with each output row's weight in the loss
+given now (`d_<output>`, zeros where left out), the gradients of the inputs. `total` is
+sum(weights * output) over every weighted output, a differentiable scalar: its backward multiplies the
+gradients computed in the forward by the scalar's incoming gradient (1.0 for loss.backward()). For
+a mean over n tokens pass weights 1/n (0 for ignored rows); the outputs themselves are constants.
+
+With chunk_rows=N the program runs on N rows at a time (autodiff/chunks.py decides what is per row):
+dlogits exist for N rows at once; per-row gradients are written into their rows, and a gradient that
+sums over rows (dW) is carried from chunk to chunk: the later chunks run a variant of the program that
+adds the sum so far in the dW gemm's epilogue (in the gradient's dtype, as an addmm into it would).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..diagnostics import error
+from .chunks import RowChunks, _rows
+from .derive import derive_source
+
+
+class FusedLoss:
+    def __init__(self, path_or_source, wrt: list[str] | None = None, straight_through: bool = False,
+                 config: dict | None = None, fallback: str = "never", chunk_rows: int | None = None):
+        from ..runtime.compiled import compile as _compile
+        self.derivation = d = derive_source(path_or_source, wrt, straight_through, policy="fused")
+        self.program = _compile(d.forward_text, config, fallback)
+        self.forward, self.backward = self.program, None     # as a Differentiable's: no backward program
+        self.outputs = [t.name for t in d.program.outputs()]
+        self.weights = dict(d.upstream)                # output -> the input that holds its rows' weights
+        self.chunks = self.later = None
+        if chunk_rows is not None:
+            self.chunks = RowChunks(d.program, self.program.analysis.source_program, chunk_rows)
+            # the variant for later chunks adds the earlier chunks' sums (dW) in its epilogues
+            self.later_derivation = derive_source(path_or_source, wrt, straight_through, policy="fused",
+                                                  accumulate=True)
+            self.later = _compile(self.later_derivation.forward_text, config, fallback)
+
+    def __call__(self, **args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(total, outputs): total = sum over weighted outputs of sum(weights * output), differentiable;
+        outputs by name, constants."""
+        unknown = set(args) - {t.name for t in self.program.inputs}
+        if unknown:
+            raise error("E601", f"no input named {', '.join(sorted(unknown))}", None,
+                        "inputs: " + ", ".join(t.name for t in self.program.inputs))
+        given = [o for o, name in self.weights.items() if name in args]
+        if not given:
+            raise error("E601", "no loss weights given: the gradient would be zero", None,
+                        "pass " + " or ".join(f"{n}= (the weight of each row of '{o}')" for o, n in self.weights.items()))
+        names = list(args)
+        values = _Fused.apply(self, names, *args.values())
+        total, outs = values[0], dict(zip(self.outputs, values[1:]))
+        return total, outs
+
+    def run(self, args: dict) -> dict[str, torch.Tensor]:
+        """The fused program on args, weights left out filled with zeros, over chunks of rows."""
+        feed = dict(args)
+        for out, name in self.weights.items():
+            if name not in feed:
+                like = next(v for k, v in args.items() if isinstance(v, torch.Tensor) and v.dim() == 2)
+                feed[name] = torch.zeros(like.shape[0], dtype=torch.float32, device=like.device)
+        if self.chunks is None:
+            return self.program(**feed)
+        return self._run_chunks(feed)
+
+    def _run_chunks(self, feed: dict) -> dict[str, torch.Tensor]:
+        """The program on chunk_rows rows at a time: per-row outputs written into their rows, each sum
+        over rows carried from chunk to chunk into the later variant's NAME_sum input."""
+        c = self.chunks
+        m = next(feed[n].shape[0] for n in c.sliced if n in feed)
+        if m <= c.rows:
+            return self.program(**feed)
+        out: dict[str, torch.Tensor] = {}
+        sums = self.later_derivation.sums
+        for start in range(0, m, c.rows):
+            stop = min(start + c.rows, m)
+            part_feed = {k: _rows(v, start, stop) if k in c.sliced else v for k, v in feed.items()}
+            if start:
+                part_feed.update({sums[g]: out[g] for g in sums})
+            part = (self.later if start else self.program)(**part_feed)
+            for name, value in part.items():
+                if name in c.per_row:
+                    if name not in out:
+                        out[name] = value.new_empty((m, *value.shape[1:]))
+                    out[name][start:stop].copy_(value)
+                else:
+                    out[name] = value
+            del part
+        return out
+
+
+class _Fused(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, fn: FusedLoss, names: list[str], *values):
+        args = dict(zip(names, values))
+        got = fn.run(args)
+        d = fn.derivation
+        total = sum((got[o].float() * args[w].float()).sum() for o, w in fn.weights.items() if w in args)
+        grads = []
+        for name in names:
+            g = None
+            if name in d.grads and isinstance(args[name], torch.Tensor):
+                g = got[d.grads[name]]
+                g = (g.t() if name in d.transposed_grads else g).to(args[name].dtype)
+            grads.append(g)
+        ctx.save_for_backward(*(g for g in grads if g is not None))
+        ctx.has = [g is not None for g in grads]
+        outs = tuple(got[o] for o in fn.outputs)
+        ctx.mark_non_differentiable(*outs)
+        return (total, *outs)
+
+    @staticmethod
+    def backward(ctx, g_total, *_):
+        saved = iter(ctx.saved_tensors)
+        scale = g_total.to(torch.float32)        # a 0-dim tensor: the product keeps the gradient's dtype
+        return (None, None, *(next(saved) * scale if has else None for has in ctx.has))
