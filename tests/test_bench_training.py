@@ -104,6 +104,12 @@ def test_a_missing_peer_is_skipped_and_a_failing_one_recorded_while_the_rest_run
     assert list(r.median_ms) == ["cublas", "eager"]
 
 
+def test_a_candidate_is_one_builder_in_its_work_s_dict(monkeypatch):
+    monkeypatch.setitem(ts.CE, "eager-again", ts.ce_eager)
+    assert "eager-again" in _run("ce", ["eager-again"]).check
+    assert _run("mlp", ["eager-again"]).notes == {"eager-again": "skipped: not a candidate of mlp"}
+
+
 def test_train_step_candidates_option():
     assert ts.parse_args(["--candidates", "epic,quack,epic", "--compile"]).candidates == ["epic", "quack", "compile"]
     with pytest.raises(SystemExit) as e:
