@@ -21,8 +21,10 @@ def scalar_values(scalar_inputs: list[Tensor], args: dict) -> dict[str, float]:
 
 def bind(plan: planner.Plan, libraries: list, device) -> Executable:
     """libraries: (spec, KernelLibrary) per launched kernel of the plan's program, in order (a combine
-    kernel folded into its gemm has none)."""
+    kernel folded into its gemm has none). The table's entries first (input tensors, derived
+    tensors, buffers), then the launches that point into it."""
     program, sizes = plan.program, plan.sizes
+    host_step, allocations = derived.specs(program), plan.allocations()
     launches = []
     by_name = {spec.name: (spec, lib) for spec, lib in libraries}
     for k in program.kernels:
@@ -41,9 +43,8 @@ def bind(plan: planner.Plan, libraries: list, device) -> Executable:
         launches.append(Launch(lib, [p.tensor for p in spec.pointers], dims,
                                [float(sizes_mod.evaluate(s.dim, sizes)) if s.dim is not None else s.name
                                 for s in spec.scalars], ws))
-    allocations = plan.allocations()
     return Executable(device, [t.name for t in program.inputs() if not t.is_scalar],
-                      [t.name for t in program.inputs() if t.is_scalar], derived.specs(program), allocations,
+                      [t.name for t in program.inputs() if t.is_scalar], host_step, allocations,
                       launches, [t.name for t in program.outputs()], [b.name for b in allocations], plan)
 
 
