@@ -7,7 +7,7 @@ model; skipped with a note where it is not installed). Writes a JSON with each v
 (max |g - g_hf| / max |g_hf|); prints a short table.
 
   python bench/train_llama.py [--steps 50] [--layers 4] [--variants hf,hf_compile,epic,liger] [--chunk-rows N]
-                              [--out F.json]
+                              [--loss-policy fused|save] [--out F.json]
   python bench/train_llama.py --prebuild        # build epic's kernels for these sizes only (nvcc, no GPU)
   python bench/train_llama.py --device cpu ...  # a smoke run (epic's unfused torch form; no peak memory)
 
@@ -53,6 +53,8 @@ def parse_args(argv=None):
     ap.add_argument("--variants", default=",".join(VARIANTS), help="hf (HF eager) always runs: the others compare with it")
     ap.add_argument("--chunk-rows", type=int, default=None,
                     help="epic's LM head backward on this many tokens at a time (apply_epic_to_llama's chunk_rows)")
+    ap.add_argument("--loss-policy", default="fused", choices=("fused", "save"),
+                    help="epic's LM head: gradients computed in the forward (fused) or by a backward program (save)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: a smoke run, epic through its unfused torch form")
     ap.add_argument("--out", default="train_llama.json")
@@ -76,18 +78,28 @@ def config(args):
                        attn_implementation="sdpa")
 
 
-def build_epic_kernels(cfg, rows: int, chunk_rows: int | None = None) -> float:
-    """Every kernel the patched model launches (both programs, forward and backward; a chunked
-    backward at each chunk's row count), in one parallel nvcc run instead of one program at a time
-    on first use; returns the seconds it took."""
+def _launches(f, rows: int, chunk_rows: int | None) -> list:
+    """[(compiled program, the row counts it runs at)] of an epic.autograd function: a forward and a
+    backward program (the backward on each chunk's rows), or a fused loss (policy "fused": one program
+    computing the gradients too; with chunks, its first chunk and a variant for the later ones)."""
+    if f.backward is not None:
+        chunks = sorted({min(chunk_rows, rows), rows % chunk_rows} - {0}) if chunk_rows else [rows]
+        return [(f.forward, [rows]), (f.backward, chunks)]
+    if not chunk_rows or rows <= chunk_rows:
+        return [(f.forward, [rows])]
+    return [(f.forward, [chunk_rows]), (f.later, sorted({chunk_rows, rows % chunk_rows} - {0}))]
+
+
+def build_epic_kernels(cfg, rows: int, chunk_rows: int | None = None, loss_policy: str = "fused") -> float:
+    """Every kernel the patched model launches (each program at each row count it runs at), in one
+    parallel nvcc run instead of one program at a time on first use; returns the seconds it took."""
     from epic.runtime import build
     dims = dict(M=rows, E=cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads),
                 D=cfg.hidden_size, F=cfg.intermediate_size, V=cfg.vocab_size)
-    chunks = sorted({min(chunk_rows, rows), rows % chunk_rows} - {0}) if chunk_rows else [rows]
     units = []
-    for f, backward_rows in ((programs.decoder_mlp(float(cfg.rms_norm_eps), "never"), [rows]),
-                             (programs.lm_head_loss("never", chunk_rows), chunks)):
-        for prog, counts in ((f.forward, [rows]), (f.backward, backward_rows)):
+    for f, chunks in ((programs.decoder_mlp(float(cfg.rms_norm_eps), "never"), None),
+                      (programs.lm_head_loss("never", chunk_rows, loss_policy), chunk_rows)):
+        for prog, counts in _launches(f, rows, chunks):
             for m in counts:
                 sizes = {k: v for k, v in {**dims, "M": m}.items() if k in prog.program.dims}
                 units += [u for _, u in prog.units(sizes)]
@@ -130,7 +142,7 @@ def llama_module_kept():
         m.LlamaForCausalLM.forward = forward
 
 
-def make_model(cfg, init_state, variant, device, chunk_rows=None):
+def make_model(cfg, init_state, variant, device, chunk_rows=None, loss_policy="fused"):
     from transformers import LlamaForCausalLM
     with torch.device(device):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
@@ -140,7 +152,7 @@ def make_model(cfg, init_state, variant, device, chunk_rows=None):
         run = torch.compile(model)
     elif variant == "epic":
         epic.integrations.apply_epic_to_llama(model, fallback="never" if device == "cuda" else "eager",
-                                              chunk_rows=chunk_rows)
+                                              chunk_rows=chunk_rows, loss_policy=loss_policy)
     elif variant == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_llama
         apply_liger_kernel_to_llama(model=model)
@@ -154,7 +166,7 @@ def _sync(device: str) -> None:
 
 def train(cfg, init_state, data, args, variant, reference):
     """(result, gradients after step 1); reference: HF eager's (result, gradients), None for HF eager."""
-    model, run = make_model(cfg, init_state, variant, args.device, args.chunk_rows)
+    model, run = make_model(cfg, init_state, variant, args.device, args.chunk_rows, args.loss_policy)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -205,10 +217,10 @@ def main(argv=None) -> int:
     cfg = config(args)
     report = {"config": {k: getattr(args, k) for k in ("steps", "warmup", "layers", "hidden", "intermediate", "heads",
                                                        "vocab", "seq", "batch", "lr", "seed", "chunk_rows",
-                                                       "device")},
+                                                       "loss_policy", "device")},
               "variants_asked": args.variants}
     if args.prebuild or ("epic" in args.variants and args.device == "cuda"):
-        report["epic_build_s"] = build_epic_kernels(cfg, args.batch * args.seq, args.chunk_rows)
+        report["epic_build_s"] = build_epic_kernels(cfg, args.batch * args.seq, args.chunk_rows, args.loss_policy)
         print(f"epic kernels built in {report['epic_build_s']:.0f} s", flush=True)
         if args.prebuild:
             return 0

@@ -172,6 +172,29 @@ def test_train_llama_compares_each_variant_with_hf_and_puts_liger_s_patch_back(m
     assert 0 < runs["epic"]["max_loss_abs_diff"] < 1e-2 and max(runs["epic"]["grad_rel_diff"].values()) < 4e-2
 
 
+@needs_transformers
+@pytest.mark.parametrize("policy, chunk_rows, runs", [
+    ("fused", None, [("forward", 64)]),
+    ("fused", 24, [("forward", 24), ("later", 24), ("later", 16)]),     # 64 rows: chunks of 24, 24, 16
+    ("save", None, [("forward", 64), ("backward", 64)]),
+    ("save", 24, [("forward", 64), ("backward", 24), ("backward", 16)])])
+def test_prebuild_lists_each_lm_head_program_at_the_rows_it_runs_at(monkeypatch, policy, chunk_rows, runs):
+    import epic.runtime.build
+    from epic.integrations import programs
+    tl = _load("train_llama")
+    built = []
+    monkeypatch.setattr(epic.runtime.build, "build_all", built.extend)
+    cfg = tl.config(tl.parse_args(TINY))
+    tl.build_epic_kernels(cfg, 64, chunk_rows, policy)
+    head = programs.lm_head_loss("never", chunk_rows, policy)
+    dims = dict(D=64, V=128)
+    for attr, m in runs:
+        prog = getattr(head, attr)
+        want = {(u.name, u.source) for _, u in prog.units({k: v for k, v in {**dims, "M": m}.items()
+                                                           if k in prog.program.dims})}
+        assert want <= {(u.name, u.source) for u in built}, (attr, m)
+
+
 # ---- bench/fsdp2_gpus.py -------------------------------------------------------------------------------
 
 @needs_transformers
