@@ -42,7 +42,7 @@ def setup(tmp_path, monkeypatch):
 
 def wait_built(prog):
     deadline = time.monotonic() + 60
-    while not all(f.done() for f in prog._builds._pending.values()):
+    while not all(f.done() for f in prog._kernels._builds._pending.values()):
         assert time.monotonic() < deadline
         time.sleep(0.05)
 

@@ -21,8 +21,9 @@ from ..codegen import emit
 from ..diagnostics import EpicError, error
 from ..ir.core import Tensor
 from ..plan import planner
-from . import background, binding, build, custom_op, derived, executable, fastcall, graphs, loader
+from . import background, binding, build, custom_op, derived, executable, fastcall, graphs
 from . import tuning_db as database
+from .kernels import Kernels
 from .validate import check_dtype, signature, validate
 
 
@@ -116,8 +117,8 @@ class CompiledProgram:
         self.fallback = _policy(fallback)
         self._unfused_form = None
         self._bound: dict[tuple, executable.Executable | _Unfused] = {}   # input signature -> what runs
-        self._libraries: dict[tuple, list] = {}          # kernel configurations -> (spec, library) per kernel
-        self._lock = threading.Lock()
+        self._kernels = Kernels(self.program)           # the kernels' libraries, per plan configuration
+        self._lock = threading.Lock()                   # the compiled launcher's registrations
         self._op = None
         self._scalar_inputs = [t for t in self.program.inputs() if t.is_scalar]
         self._tensor_names = [t.name for t in self.program.inputs() if not t.is_scalar]
@@ -126,8 +127,7 @@ class CompiledProgram:
         self._fast_ids: set[int] = set()                 # id() of those Executables (kept alive by _fast_bound)
         self._derived_specs = derived.specs(self.program)    # tensors computed from weights before the kernels
         self._derived = derived.Cache()
-        self._builds = background.Builds()              # EPIC_BUILD_IN_BACKGROUND's builds
-        self._waiting: dict[tuple, tuple] = {}           # their signatures -> (configuration key, configs)
+        self._waiting: dict[tuple, dict] = {}            # EPIC_BUILD_IN_BACKGROUND: signatures -> their plans' configs
 
     # ------------------------------------------------------------------ information
     @property
@@ -266,21 +266,13 @@ class CompiledProgram:
         if not background.enabled():
             return True
         if signature not in self._waiting:
-            plan = self.plan(sizes, device)
-            self._waiting[signature] = (tuple(sorted((k, str(c)) for k, c in plan.configs.items())), plan.configs)
-        key, configs = self._waiting[signature]
-        return key in self._libraries or self._builds.ready(key, lambda: [u for _, u in emit.units(self.program, configs)])
+            self._waiting[signature] = self.plan(sizes, device).configs
+        return self._kernels.ready(self._waiting[signature])
 
     def _bind(self, sizes: dict[str, int], device) -> executable.Executable:
+        """The Executable of a signature at these sizes: its plan, its kernels' libraries, bound."""
         plan = self.plan(sizes, device)
-        key = tuple(sorted((k, str(c)) for k, c in plan.configs.items()))
-        with self._lock:
-            if key not in self._libraries:
-                pairs = emit.units(self.program, plan.configs)
-                paths = build.build_all([u for _, u in pairs])
-                self._libraries[key] = [(spec, loader.load(path, [f"{p.role}:{p.tensor}" for p in spec.pointers]))
-                                        for (spec, _), path in zip(pairs, paths)]
-        return binding.bind(plan, self._libraries[key], device)
+        return binding.bind(plan, self._kernels.libraries(plan.configs), device)
 
     def capture(self, keep: bool = False, **args) -> "graphs.Captured":
         """This call recorded as a CUDA graph (epic/runtime/graphs.py): captured(**new_inputs) copies them
