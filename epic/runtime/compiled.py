@@ -14,8 +14,7 @@ import threading
 
 import torch
 
-from .. import envflags, pipeline, reference, sizes as sizes_mod
-from ..checks import layout
+from .. import envflags, pipeline, reference
 from ..frontend import options
 from ..codegen import emit
 from ..diagnostics import EpicError, error
@@ -24,7 +23,7 @@ from ..plan import planner
 from . import background, binding, build, custom_op, derived, executable, fastcall, graphs
 from . import tuning_db as database
 from .kernels import Kernels
-from .validate import check_dtype, signature, validate
+from .validate import check_meaning, signature, validate
 
 
 FALLBACKS = ("never", "auto", "eager", "compiled")
@@ -87,26 +86,6 @@ def _current_stream(device: torch.device) -> int:
     """The raw cudaStream_t of the current stream on `device` (torch's internal accessor is ~10x
     cheaper than torch.cuda.current_stream(); the public API where it is missing)."""
     return _current_raw_stream(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def _check_like_a_call(program, args: dict) -> None:
-    """A call's checks of dtypes and sizes (runtime/validate.py), for the reference; what the
-    interpreter cannot read at all (a missing tensor, a sparse one, ...) it reports itself."""
-    sizes_mod.check_names(program, args)
-    shapes = {}
-    for t in program.inputs():
-        x = args.get(t.name)
-        if t.is_scalar:
-            continue
-        if not isinstance(x, torch.Tensor) or x.is_complex() or x.is_meta or sizes_mod.not_dense(x):
-            return
-        check_dtype(t.name, t, x)
-        shapes[t.name] = tuple(x.shape)
-    sizes = sizes_mod.bind_from_tensors(program, shapes)
-    sizes_mod.check_complete(program, sizes)
-    diags = layout.check_sizes(program, sizes)
-    if diags:
-        raise EpicError(diags)
 
 
 class CompiledProgram:
@@ -185,7 +164,7 @@ class CompiledProgram:
         refuses about what the inputs mean: another dtype than the declared one (E603), shapes that
         disagree (E602) and sizes the layout rules refuse (E4xx). Any device, strides and alignment
         will do, and a scalar may be nan or inf (the interpreter says what that gives)."""
-        _check_like_a_call(self.program, tensors)
+        check_meaning(self.program, tensors)
         return reference.run(self.analysis.source_program, tensors, exact=exact)
 
     # ------------------------------------------------------------------ running

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from ..diagnostics import error
-from ..sizes import not_dense
-from .validate import scalar_value, validate
+from ..sizes import not_dense, scalar_value
+from .validate import validate
 
 _HINT = "capture again for other shapes, dtypes or scalar values (prog.capture(**inputs))"
 

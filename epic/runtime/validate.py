@@ -1,13 +1,13 @@
 """Checking what a caller hands to a compiled program, before anything launches: names, scalar
 values, dtypes, shapes (solving the dimension sizes), layout rules at those sizes, strides,
 16-byte alignment, and the device -- in the order a user fixes them. Each failure is an E6xx
-diagnostic pointing at the declaration."""
+diagnostic pointing at the declaration. The reference interpreter's inputs get the checks of what
+they mean (check_meaning)."""
 from __future__ import annotations
 
 import torch
 
 from .. import sizes as sizes_mod
-from ..sizes import scalar_value  # noqa: F401  (epic.runtime.compiled checks scalars per call)
 from ..checks import layout
 from ..diagnostics import EpicError, error
 from ..ir.core import Program, Tensor
@@ -21,7 +21,7 @@ def validate(program: Program, args: dict, cuda: bool = True) -> tuple[dict, dic
     tensors, scalars = {}, {}
     for name, t in expected.items():
         if t.is_scalar:
-            scalars[name] = scalar_value(t, args.get(name))
+            scalars[name] = sizes_mod.scalar_value(t, args.get(name))
             continue
         if name not in args:
             raise error("E601", f"missing tensor '{name}' ({t.describe()})", t.span)
@@ -32,13 +32,7 @@ def validate(program: Program, args: dict, cuda: bool = True) -> tuple[dict, dic
         check_dense(name, t, x)
         check_dtype(name, t, x)
         tensors[name] = x
-    sizes = sizes_mod.bind_from_tensors(program, {k: tuple(v.shape) for k, v in tensors.items()})
-    sizes_mod.check_complete(program, sizes)
-    if cuda:                                     # epic's kernels will run: sizes they index, before the device check
-        sizes_mod.check_indexable(program, sizes)
-    diags = layout.check_sizes(program, sizes)   # 16-byte rows (TMA), even widths, ...
-    if diags:
-        raise EpicError(diags)
+    sizes = solve(program, {k: tuple(v.shape) for k, v in tensors.items()}, indexable=cuda)
     for name, x in tensors.items():
         check_strides(name, expected[name], x)
         if x.data_ptr() % 16:
@@ -55,6 +49,37 @@ def validate(program: Program, args: dict, cuda: bool = True) -> tuple[dict, dic
         elif x.device != device:
             raise error("E604", f"'{name}' is on {x.device}, other tensors on {device}", t.span)
     return tensors, scalars, device, sizes
+
+
+def solve(program: Program, shapes: dict[str, tuple], indexable: bool) -> dict[str, int]:
+    """The dimension sizes that these shapes give (E602 where they disagree), every one of them
+    (E607), at which the layout rules hold (E4xx). indexable: epic's kernels will run, so also
+    sizes they can index (E607), checked before the device."""
+    sizes = sizes_mod.bind_from_tensors(program, shapes)
+    sizes_mod.check_complete(program, sizes)
+    if indexable:
+        sizes_mod.check_indexable(program, sizes)
+    diags = layout.check_sizes(program, sizes)   # 16-byte rows (TMA), even widths, ...
+    if diags:
+        raise EpicError(diags)
+    return sizes
+
+
+def check_meaning(program: Program, args: dict) -> None:
+    """A call's checks of what its inputs mean, for the reference interpreter: names, dtypes, shapes
+    and sizes. What the interpreter cannot read at all (a missing tensor, a sparse one, ...) it
+    reports itself; devices, strides and alignment do not matter to it."""
+    sizes_mod.check_names(program, args)
+    shapes = {}
+    for t in program.inputs():
+        x = args.get(t.name)
+        if t.is_scalar:
+            continue
+        if not isinstance(x, torch.Tensor) or x.is_complex() or x.is_meta or sizes_mod.not_dense(x):
+            return
+        check_dtype(t.name, t, x)
+        shapes[t.name] = tuple(x.shape)
+    solve(program, shapes, indexable=False)
 
 
 def check_dense(name: str, t: Tensor, x: torch.Tensor) -> None:
