@@ -109,6 +109,9 @@ def _backward_of(loss_fn):
     return run
 
 
+FUSED_CHUNK = 4096       # rows per chunk of epic's fused loss (QuACK's chunk_size below)
+
+
 def ce_cublas(o, opts):
     x, w = o.x.detach(), o.w.detach()
     dl = torch.empty(o.m, o.v, device=o.device, dtype=torch.bfloat16)
@@ -124,6 +127,16 @@ def ce_cublas(o, opts):
 def ce_epic(o, opts):
     f = epic.autograd(_program("ce"), fallback=opts.fallback)
     return Step(_backward_of(lambda: f(x=o.x, w=o.w.t(), label=o.label)["loss"].sum()), o.grads)
+
+
+def _ce_epic_fused(chunk_rows):
+    """policy "fused": the gradients computed in the forward (3 gemms); weights 1: the sum of the rows."""
+    def build(o, opts):
+        f = epic.autograd(_program("ce"), policy="fused", fallback=opts.fallback, chunk_rows=chunk_rows)
+        ones = torch.ones(o.m, device=o.device, dtype=torch.float32)
+        return Step(_backward_of(lambda: f(x=o.x, w=o.w.t(), label=o.label, d_loss=ones)[0]), o.grads,
+                    f"policy fused, chunk_rows={chunk_rows}")
+    return build
 
 
 def ce_eager(o, opts):
@@ -150,7 +163,8 @@ def ce_liger(o, opts):
     return Step(_backward_of(lambda: flce(o.w, o.x, o.label64)), o.grads, "LigerFusedLinearCrossEntropyLoss")
 
 
-CE = {"cublas": ce_cublas, "epic": ce_epic, "eager": ce_eager, "compile": ce_compile, "quack": ce_quack,
+CE = {"cublas": ce_cublas, "epic": ce_epic, "epic-fused": _ce_epic_fused(FUSED_CHUNK),
+      "epic-fused-whole": _ce_epic_fused(None), "eager": ce_eager, "compile": ce_compile, "quack": ce_quack,
       "liger": ce_liger}
 
 
@@ -400,20 +414,30 @@ def main(argv=None) -> int:
 def prebuild(rows: int = 8192) -> None:
     """Build the kernels this benchmark runs, in parallel (`python -c 'import bench.train_step as t;
     t.prebuild()'`), before the timed run."""
-    from epic.codegen import emit
     from epic.runtime import build
+    for p in build.build_all(units(rows)):
+        print(p)
+
+
+def units(rows: int = 8192) -> list:
+    """The kernels this benchmark runs at these rows."""
+    from epic.autodiff.derive import derive_source
+    from epic.codegen import emit
     units = []
     for work, shapes in SHAPES.items():
         d = epic.grad(_program(work))
-        for text in (d.forward_text, d.backward_text):
+        texts = [(d.forward_text, rows), (d.backward_text, rows)]
+        if work == "ce":                  # the fused loss, whole and in chunks (the later chunks' variant too)
+            later = derive_source(_program(work), policy="fused", accumulate=True)
+            fused = epic.grad(_program(work), policy="fused").forward_text
+            texts += [(fused, rows), (fused, min(rows, FUSED_CHUNK)), (later.forward_text, min(rows, FUSED_CHUNK))]
+        for text, m in texts:
             prog = epic.compile(text)
-            sizes = dict(shapes, M=rows)
+            sizes = dict(shapes, M=m)
             sizes = {k: v for k, v in sizes.items() if k in prog.program.dims}
-            configs = emit.kernel_configs(prog.program, rows, None, sizes)
+            configs = emit.kernel_configs(prog.program, m, None, sizes)
             units += [u for _, u in emit.units(prog.program, configs)]
-    unique = {u.name + str(hash(u.source)): u for u in units}
-    for p in build.build_all(list(unique.values())):
-        print(p)
+    return list({u.name + str(hash(u.source)): u for u in units}.values())
 
 
 if __name__ == "__main__":
