@@ -131,3 +131,12 @@ def test_later_chunks_add_the_earlier_sum_in_the_weight_gradient_gemm():
     b = reference.run(later, feed, exact=True, sizes=dict(sizes, M=8))
     torch.testing.assert_close(b["d_w"].t(), whole["w"], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(torch.cat([a["x"], b["d_x"]]), whole["x"], rtol=1e-12, atol=1e-12)
+
+
+def test_the_fused_test_program_is_what_epic_grad_derives():
+    """tests/programs/fused_cross_entropy.epi (run by the host simulator and the GPU tests) is the
+    derivation's current output, comments aside."""
+    def code(text):
+        return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    kept = (ROOT / "tests" / "programs" / "fused_cross_entropy.epi").read_text()
+    assert code(kept) == code(_fused().forward_text)

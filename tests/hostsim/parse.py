@@ -313,7 +313,16 @@ def parse_combine(text: str) -> CombineSource:
     for el, v, at in re.findall(r"static_cast<([\w:]+)\*>\((p\d+)\)\[\(long long\)m \* (W|\(\(W \+ 1\) / 2\)) \+ [nj]\]\s*=",
                                 body):
         uses.append(PointerUse(index(v), "tile_store", el, "m, n"))
-    return CombineSource(text, info, {"m": "row", "n": "col", "0": "all"}[var], pointer_vars, uses)
+    # the same, VEC columns at a time (combine.py's vector loop: 8- or 16-byte moves from row m, column j)
+    for el, v in re.findall(r"reinterpret_cast<const uint[24]\*>\(static_cast<const ([\w:]+)\*>\((p\d+)\) \+ "
+                            r"\(long long\)m \* W \+ j\)", body):
+        uses.append(PointerUse(index(v), "tile", el, "m, n"))
+    for el, v in re.findall(r"reinterpret_cast<uint[24]\*>\(static_cast<([\w:]+)\*>\((p\d+)\) \+ "
+                            r"\(long long\)m \* W \+ j\)\[\d\]\s*=", body):
+        uses.append(PointerUse(index(v), "tile_store", el, "m, n"))
+    # a use is a role: one pointer read the same way in the vector loop and its one-column fallback is one use
+    distinct = list({(u.index, u.use, u.element, u.at): u for u in uses}.values())
+    return CombineSource(text, info, {"m": "row", "n": "col", "0": "all"}[var], pointer_vars, distinct)
 
 
 def kind(text: str) -> str:
