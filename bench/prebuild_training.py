@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Build every kernel the training runs need, in one parallel nvcc run (no GPU needed):
-tests/test_gpu_grad.py's, bench/train_step.py's and bench/train_llama.py's (its default model).
+tests/test_gpu_grad.py's and test_gpu_autograd.py's, bench/train_step.py's and bench/train_llama.py's (its default model).
 
     EPIC_CACHE_DIR=/tmp/epic-cache python bench/prebuild_training.py [--missing]
 
@@ -19,8 +19,8 @@ sys.path[0] = ROOT       # not bench/ itself: bench/bench.py would shadow the fo
 def units() -> list:
     from bench import train_llama, train_step
     from epic.integrations import programs
-    from tests import test_gpu_grad
-    out = list(test_gpu_grad.units()) + list(train_step.units())
+    from tests import test_gpu_autograd, test_gpu_grad
+    out = list(test_gpu_grad.units()) + list(test_gpu_autograd.units()) + list(train_step.units())
     args = train_llama.parse_args([])
     cfg = train_llama.config(args)
     rows = args.batch * args.seq

@@ -42,6 +42,23 @@ def test_cross_entropy_under_inductor_in_one_graph():
     assert torch._dynamo.explain(step)(**leaves).graph_break_count == 0
 
 
+@pytest.mark.parametrize("chunk_rows", [None, 8])
+def test_fused_loss_under_inductor_in_one_graph(chunk_rows):
+    """policy "fused": one custom op whose formula scales the gradients the forward computed; the same
+    total and gradients as eager calls, with no graph break."""
+    f = epic.autograd(S / "cross_entropy.epi", fallback="eager", policy="fused", chunk_rows=chunk_rows)
+    label = torch.randint(0, 48, (30,), generator=torch.Generator().manual_seed(5), dtype=torch.int32)
+    weights = torch.rand(30, generator=torch.Generator().manual_seed(6))
+
+    def step(x, w):
+        total, outs = f(x=x, w=w.t(), label=label, d_loss=weights)
+        return 3 * total + 0 * outs["loss"].sum()
+    leaves = _leaves(1, x=(30, 32), w=(48, 32))
+    eager = _run(step, leaves)
+    _same(eager, _run(torch.compile(step, fullgraph=True), leaves))
+    assert torch._dynamo.explain(step)(**leaves).graph_break_count == 0
+
+
 @pytest.mark.parametrize("chunk_rows", [None, 4])
 def test_residual_rmsnorm_with_a_scalar_and_every_output(chunk_rows):
     f = epic.autograd(S / "residual_rmsnorm.epi", fallback="eager", chunk_rows=chunk_rows)

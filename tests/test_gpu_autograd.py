@@ -108,20 +108,73 @@ def test_torch_compile_with_the_fused_kernels(mode):
         _close((loss.detach(), x.grad, w.grad), _eager(f, nx, nw, label))
 
 
-def prebuild() -> None:
-    """Build every kernel these tests run (forward at M rows, backward at M and at each chunk's rows),
-    in parallel: `python -m tests.test_gpu_autograd` on any machine with nvcc."""
+@pytest.mark.parametrize("chunk_rows", CHUNKS)
+def test_the_fused_loss_in_a_cuda_graph_and_under_torch_compile(chunk_rows):
+    """policy "fused": a step captured as one CUDA graph and replayed on new values, and the step under
+    torch.compile (fullgraph), against eager calls of the same kernels."""
+    f = epic.autograd(CE, chunk_rows=chunk_rows, policy="fused")
+    label = _label()
+    weights = torch.full((M,), 1.0 / M, device="cuda")
+
+    def loss_of(x, w):
+        return f(x=x, w=w.t(), label=label, d_loss=weights)[0]
+
+    def eager(nx, nw):
+        x, w = nx.clone().requires_grad_(), nw.clone().requires_grad_()
+        loss = loss_of(x, w)
+        loss.backward()
+        return loss.detach(), x.grad, w.grad
+
+    x0, w0 = _data(0)
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            x.grad = w.grad = None
+            loss_of(x, w).backward()
+    torch.cuda.current_stream().wait_stream(side)
+    x.grad = w.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = loss_of(x, w)
+        loss.backward()
+    nx, nw = _data(1)
+    with torch.no_grad():
+        x.copy_(nx)
+        w.copy_(nw)
+    graph.replay()
+    torch.cuda.synchronize()
+    _close((loss, x.grad, w.grad), eager(nx, nw))
+    compiled = torch.compile(loss_of, fullgraph=True)
+    nx, nw = _data(2)
+    x, w = nx.clone().requires_grad_(), nw.clone().requires_grad_()
+    loss = compiled(x, w)
+    loss.backward()
+    _close((loss.detach(), x.grad, w.grad), eager(nx, nw))
+
+
+def units() -> list:
+    """Every kernel these tests run (forward at M rows, backward at M and at each chunk's rows; the
+    fused loss and its later chunks' variant)."""
+    from epic.autodiff.derive import derive_source
     from epic.codegen import emit
-    from epic.runtime import build
     d = epic.grad(CE)
+    fused = epic.grad(CE, policy="fused").forward_text
+    later = derive_source(CE, path=True, policy="fused", accumulate=True).forward_text
     units = []
-    for text, rows in ((d.forward_text, (M,)), (d.backward_text, (M, 64, 1))):
+    for text, rows in ((d.forward_text, (M,)), (d.backward_text, (M, 64, 1)), (fused, (M, 64)), (later, (64, 1))):
         prog = epic.compile(text)
         for m in rows:
             sizes = {"M": m, "D": D, "V": V}
             units += [u for _, u in emit.units(prog.program, emit.kernel_configs(prog.program, m, None, sizes))]
-    unique = {u.name + str(hash(u.source)): u for u in units}
-    for p in build.build_all(list(unique.values())):
+    return list({u.name + str(hash(u.source)): u for u in units}.values())
+
+
+def prebuild() -> None:
+    """Build them in parallel: `python -m tests.test_gpu_autograd` on any machine with nvcc."""
+    from epic.runtime import build
+    for p in build.build_all(units()):
         print(p)
 
 

@@ -40,6 +40,8 @@ class FusedLoss:
             self.later_derivation = derive_source(path_or_source, wrt, straight_through, policy="fused",
                                                   accumulate=True)
             self.later = _compile(self.later_derivation.forward_text, config, fallback)
+        from .torch_ops import register_fused
+        self._op = register_fused(self)          # made here: torch.compile cannot trace a registration
 
     def __call__(self, **args) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(total, outputs): total = sum over weighted outputs of sum(weights * output), differentiable;
@@ -52,18 +54,39 @@ class FusedLoss:
         if not given:
             raise error("E601", "no loss weights given: the gradient would be zero", None,
                         "pass " + " or ".join(f"{n}= (the weight of each row of '{o}')" for o, n in self.weights.items()))
+        if torch.compiler.is_compiling():
+            return self._compiled_call(args)
         names = list(args)
         values = _Fused.apply(self, names, *args.values())
         total, outs = values[0], dict(zip(self.outputs, values[1:]))
         return total, outs
 
-    def run(self, args: dict) -> dict[str, torch.Tensor]:
-        """The fused program on args, weights left out filled with zeros, over chunks of rows."""
+    def _compiled_call(self, args: dict):
+        """Inside torch.compile'd code: one custom op (autodiff/torch_ops.py), no graph break."""
+        return self._op(args)
+
+    def with_weights(self, args: dict) -> dict:
+        """args with the weights left out filled with zeros."""
         feed = dict(args)
         for out, name in self.weights.items():
             if name not in feed:
                 like = next(v for k, v in args.items() if isinstance(v, torch.Tensor) and v.dim() == 2)
                 feed[name] = torch.zeros(like.shape[0], dtype=torch.float32, device=like.device)
+        return feed
+
+    def total(self, args: dict, got: dict) -> torch.Tensor:
+        """sum(weights * output) over the weighted outputs, in f32."""
+        return sum((got[o].float() * args[w].float()).sum() for o, w in self.weights.items() if w in args)
+
+    def grad_of(self, name: str, like: torch.Tensor, got: dict) -> torch.Tensor:
+        """Input `name`'s gradient from the program's outputs, in its layout and dtype."""
+        d = self.derivation
+        g = got[d.grads[name]]
+        return (g.t() if name in d.transposed_grads else g).to(like.dtype)
+
+    def run(self, args: dict) -> dict[str, torch.Tensor]:
+        """The fused program on args, weights left out filled with zeros, over chunks of rows."""
+        feed = self.with_weights(args)
         if self.chunks is None:
             return self.program(**feed)
         return self._run_chunks(feed)
@@ -99,15 +122,9 @@ class _Fused(torch.autograd.Function):
     def forward(ctx, fn: FusedLoss, names: list[str], *values):
         args = dict(zip(names, values))
         got = fn.run(args)
-        d = fn.derivation
-        total = sum((got[o].float() * args[w].float()).sum() for o, w in fn.weights.items() if w in args)
-        grads = []
-        for name in names:
-            g = None
-            if name in d.grads and isinstance(args[name], torch.Tensor):
-                g = got[d.grads[name]]
-                g = (g.t() if name in d.transposed_grads else g).to(args[name].dtype)
-            grads.append(g)
+        total = fn.total(args, got)
+        grads = [fn.grad_of(name, args[name], got) if name in fn.derivation.grads and isinstance(args[name], torch.Tensor)
+                 else None for name in names]
         ctx.save_for_backward(*(g for g in grads if g is not None))
         ctx.has = [g is not None for g in grads]
         outs = tuple(got[o] for o in fn.outputs)

@@ -30,16 +30,7 @@ def register(compiled, run=None):
 
     @op.register_fake
     def _(tensors, scalars):
-        shapes = {t.name: tuple(x.shape) for t, x in zip(tensor_inputs, tensors)}
-        sizes = sizes_mod.solve_integer(compiled.program, shapes)
-        device = tensors[0].device
-        out = []
-        for t in outputs:
-            dims = tuple(sizes_mod.evaluate_integer(d, sizes) for d in t.dims)
-            if t.dtype in dtypes.PACKED:      # the plan's packed layout (epic/layouts.py)
-                dims = layouts.packed_int4_shape(*dims)
-            out.append(torch.empty(dims, dtype=getattr(torch, t.dtype.torch_name), device=device))
-        return out
+        return fake_outputs(compiled, tensors)
 
     def call(**args):
         tensors = [args[t.name] for t in tensor_inputs]
@@ -47,3 +38,19 @@ def register(compiled, run=None):
         return dict(zip([t.name for t in outputs], op(tensors, scalars)))
     call.op = op
     return call
+
+
+def fake_outputs(compiled, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Empty tensors shaped like the program's outputs for these tensor inputs (in the order of
+    compiled.inputs' tensors), by integer arithmetic on their (possibly symbolic) sizes."""
+    tensor_inputs = [t for t in compiled.inputs if not t.is_scalar]
+    shapes = {t.name: tuple(x.shape) for t, x in zip(tensor_inputs, tensors)}
+    sizes = sizes_mod.solve_integer(compiled.program, shapes)
+    device = tensors[0].device
+    out = []
+    for t in compiled.outputs:
+        dims = tuple(sizes_mod.evaluate_integer(d, sizes) for d in t.dims)
+        if t.dtype in dtypes.PACKED:      # the plan's packed layout (epic/layouts.py)
+            dims = layouts.packed_int4_shape(*dims)
+        out.append(torch.empty(dims, dtype=getattr(torch, t.dtype.torch_name), device=device))
+    return out
