@@ -65,6 +65,8 @@ PROGRAMS = {
     "tests/programs/half_width_quant.epi": lambda m, n, k: dict(M=m, K=k, F=_up(n // 2, 128)),
     # a loss head's gradients in its forward: dlogits finished by the row combine, read transposed by dW's gemm
     "tests/programs/fused_cross_entropy.epi": lambda m, n, k: dict(M=m, D=_up(k, 8), V=_up(n, 8)),
+    # a derived backward: RMSNorm's backward where dn is computed, dh finished by the row combine kernel
+    "tests/programs/prenorm_mlp_backward.epi": lambda m, n, k: dict(M=m, D=_up(n, 8), F=_up(k, 8)),
 }
 # (M, N, K): tile multiples, then ragged (M = 1, 77, 8191; N, K not multiples of 128). M <= 256 gets
 # the pingpong 64x64 configuration, larger M pingpong 128x128 cluster 2x1, and 128x192 where N is a

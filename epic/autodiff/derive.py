@@ -154,9 +154,14 @@ class _Deriver:
         return make("load", (), {"tensor": name, "dtype": dtype, "shape": epilogue.shape_in(dims, rows, n)}, span, name)
 
     # ------------------------------------------------------------------ one forward gemm
-    def _seeds(self, k: GemmKernel) -> dict[int, Value]:
+    def _seeds(self, k: GemmKernel, skip: str | None = None, at: tuple | None = None) -> dict[int, Value]:
+        """The cotangents of k's stored values (each store's upstream gradient and what later gemms
+        sent back), but for the tensor `skip`; at: (rows, n) of the gemm they are loaded in (k's)."""
+        rows, n = at or (k.rows, k.n)
         seeds: dict[int, Value] = {}
         for s in k.stores:
+            if s.tensor == skip:
+                continue
             t = self.p.tensors[s.tensor]
             terms: list[Value] = []
             if t.role == "out" and self._differentiable_store(t):
@@ -164,8 +169,9 @@ class _Deriver:
                 self.upstream[t.name] = name
                 self.top_inputs.append((name, _type(t.dtype, t.dims)))
                 self._remember_dims(name, t.dims)
-                terms.append(make("load", (), {"tensor": name, "dtype": t.dtype, "shape": s.value.shape}, s.span, name))
-            for piece in self._take_pieces(s.tensor, k.rows, k.n):
+                shape = epilogue.shape_in(t.dims, rows, n) if at else s.value.shape
+                terms.append(make("load", (), {"tensor": name, "dtype": t.dtype, "shape": shape}, s.span, name))
+            for piece in self._take_pieces(s.tensor, rows, n):
                 terms.append(piece)
             if not terms:
                 continue
@@ -273,11 +279,14 @@ class _Deriver:
         (the dA gemm of the one gemm that reads it as its A operand), when k's backward epilogue can run
         there on the accumulator the forward saved: the "save" policy, nothing else reading the tile,
         and an epilogue without coordinates or block statistics (they would see the other gemm's columns)."""
-        if self.policy != "save" or len({s.tensor for s in k.stores}) != 1:
+        if self.policy != "save":
             return None
-        name = k.stores[0].tensor
+        tmps = {s.tensor for s in k.stores if self.p.tensors[s.tensor].role == "tmp"}
+        if len(tmps) != 1 or any(self.p.tensors[s.tensor].role != "out" for s in k.stores if s.tensor not in tmps):
+            return None                   # one tile for the next gemm; outputs besides it are fine
+        name = tmps.pop()
         t = self.p.tensors[name]
-        if t.role != "tmp" or not self._differentiable_store(t):
+        if not self._differentiable_store(t):
             return None
         readers = [c for c in self.p.kernels if c.a == name or c.b == name
                    or any(P.is_load(v) and v.attrs["tensor"] == name for v in c.values)]
@@ -292,6 +301,9 @@ class _Deriver:
             return None
         return pieces[0].at
 
+    def _fused_tile(self, k: GemmKernel) -> str:
+        return next(s.tensor for s in k.stores if self.p.tensors[s.tensor].role == "tmp")
+
     def _fused(self, k: GemmKernel, loads: list[Value], want_acc: bool) -> bool:
         """Pattern D: k's backward epilogue in the epilogue of the gemm that produces its incoming
         gradient, on the accumulator the forward saved, instead of in a gemm that recomputes it."""
@@ -304,15 +316,28 @@ class _Deriver:
         acc_load = make("load", (), {"tensor": saved, "dtype": a.dtype,
                                      "shape": epilogue.shape_in((k.rows, k.n), rows, n)}, k.span, saved)
         primal = epilogue.Primal(k, self._stat_name(k), rebase=(rows, n, acc_load, self.p.tensors))
-        incoming = self.pieces[k.stores[0].tensor][0].value
-        requests, dacc = self._leaf_cotangents(k, {s.value.id: incoming for s in k.stores}, primal, loads, want_acc)
+        tile = self._fused_tile(k)
+        incoming = self.pieces[tile][0].value
+        taken = set(self.names.taken)
+        saved_state = (dict(self.upstream), list(self.top_inputs), set(self.declared), dict(self._dims_memo),
+                       {t: list(v) for t, v in self.pieces.items()}, [len(g.stores) for g in self.gemms])
+        seeds = self._seeds(k, skip=tile, at=(rows, n))
+        for s in k.stores:
+            if s.tensor == tile:
+                seeds[s.value.id] = incoming if s.value.id not in seeds else make("add", (seeds[s.value.id], incoming), {})
+        requests, dacc = self._leaf_cotangents(k, seeds, primal, loads, want_acc)
         if dacc is not None:
             requests.append(("#acc", epilogue.as_tile(dacc, acc_load.shape)))
         order = topo_order([v for _, v in requests])
-        if any(_crosses(x) for v in order for x in v.args):
-            return False                  # a backward row sum that tiles need: stages, in recompute gemms
+        if any(_crosses(x) for v in order for x in v.args) and not _finished_by_row_combine(order, requests):
+            # a backward sum that tiles need and the row combine kernel cannot finish: stages instead
+            self.upstream, self.top_inputs, self.declared, self._dims_memo, self.pieces, counts = saved_state
+            for g, count in zip(self.gemms, counts):
+                del g.stores[count:]
+            self.names.taken = taken
+            return False
         # committed: the incoming gradient is consumed here, the forward saves k's accumulator
-        self.pieces.pop(k.stores[0].tensor)
+        self.pieces.pop(tile)
         self.saved_tiles[saved] = k.name
         self.saved[saved] = f"the accumulator of gemm {k.name}, saved by the forward (its backward runs in " \
                             f"{self.gemms[at].name}'s epilogue)"
@@ -516,6 +541,21 @@ class _Deriver:
 
 def _passes_through(v: Value, declared: set[str]) -> bool:
     return P.is_load(v) and v.attrs["tensor"] in declared and v.dtype.name in SMOOTH_CASTS
+
+
+def _finished_by_row_combine(order: list[Value], requests: list[tuple[str, Value]]) -> bool:
+    """Whether what depends on a backward reduction across tiles can be finished by the row combine
+    kernel (epic/checks/row_finish.py): row sums only, element-wise math after them (no pairwise map,
+    block value or further reduction), and tile results (a tile stored for another gemm, or returned)."""
+    after: dict[int, bool] = {}               # value id -> it depends on a reduction across tiles
+    for v in order:
+        if any(_crosses(x) and x.attrs.get("axis") != "row" for x in v.args):
+            return False                      # a column or whole-tensor sum that other values need
+        crossed = any(after[x.id] or _crosses(x) for x in v.args)
+        if crossed and (_crosses(v) or P.family(v.op) in (P.Family.PAIR, P.Family.BLOCK) or v.kind is Kind.BLOCK):
+            return False
+        after[v.id] = crossed
+    return all(not after[v.id] or v.kind is Kind.TILE for _, v in requests)
 
 
 def _crosses(v: Value) -> bool:
