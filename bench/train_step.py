@@ -109,7 +109,7 @@ def _backward_of(loss_fn):
     return run
 
 
-FUSED_CHUNK = 4096       # rows per chunk of epic's fused loss (QuACK's chunk_size below)
+FUSED_CHUNK = 4096       # rows per chunk of epic's fused loss
 
 
 def ce_cublas(o, opts):
@@ -150,7 +150,7 @@ def ce_compile(o, opts):
 
 def ce_quack(o, opts):
     lce = _module("quack.linear_cross_entropy")
-    chunk = 4096
+    chunk = 2048     # 4096 = D makes QuACK 0.6.5's dX gemm square, which its epilogue refuses (m == n ambiguous)
     path = "scaled-exp" if lce.scaled_exp_lce_supported(o.x, o.w, chunk, "sum") else "chunked"
     return Step(_backward_of(lambda: lce.chunked_linear_cross_entropy(o.x, o.w, o.label64, chunk_size=chunk,
                                                                        reduction="sum", tuned=opts.quack_tuned)),

@@ -74,10 +74,12 @@ def _ce_reference(x, W, label, weights):
     return total.detach(), x64.grad, W64.grad
 
 
+@pytest.mark.parametrize("factor", [1, 2])
 @pytest.mark.parametrize("chunk_rows", [None, 10])
-def test_fused_loss_autograd_matches_torch(chunk_rows):
+def test_fused_loss_autograd_matches_torch(chunk_rows, factor):
     """epic.autograd(..., policy="fused") on the unfused torch path: total, and the gradients scaled by
-    the total's incoming gradient (here 2), against torch's cross entropy; ignored rows (weight 0)."""
+    the total's incoming gradient (1: passed on as they are; 2), against torch's cross entropy; ignored
+    rows (weight 0)."""
     torch.manual_seed(0)
     M, D, V = 37, 24, 304
     x = torch.randn(M, D, dtype=torch.bfloat16, requires_grad=True)
@@ -87,11 +89,11 @@ def test_fused_loss_autograd_matches_torch(chunk_rows):
     weights[::5] = 0.0
     head = FusedLoss(CE, fallback="eager", chunk_rows=chunk_rows)
     total, outs = head(x=x, w=W.t(), label=label, d_loss=weights)
-    (2 * total).backward()
+    (factor * total).backward()
     want, gx, gW = _ce_reference(x, W, label, weights)
     assert abs(total.item() - want.item()) < 2e-2 * abs(want.item())
     assert not outs["loss"].requires_grad
-    for got, ref in ((x.grad, 2 * gx), (W.grad, 2 * gW)):
+    for got, ref in ((x.grad, factor * gx), (W.grad, factor * gW)):
         assert got.dtype == torch.bfloat16
         err = (got.double() - ref).abs().max() / ref.abs().max()
         assert err < 2e-2, err

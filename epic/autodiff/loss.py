@@ -79,10 +79,13 @@ class FusedLoss:
         return sum((got[o].float() * args[w].float()).sum() for o, w in self.weights.items() if w in args)
 
     def grad_of(self, name: str, like: torch.Tensor, got: dict) -> torch.Tensor:
-        """Input `name`'s gradient from the program's outputs, in its layout and dtype."""
-        d = self.derivation
-        g = got[d.grads[name]]
-        return (g.t() if name in d.transposed_grads else g).to(like.dtype)
+        """Input `name`'s gradient from the program's outputs, in its dtype, as the program stores it
+        (contiguous; `as_input` gives it the input's layout)."""
+        return got[self.derivation.grads[name]].to(like.dtype)
+
+    def as_input(self, name: str, g: torch.Tensor) -> torch.Tensor:
+        """A gradient grad_of gave, in the layout of input `name` (dW^T viewed as the K-major w)."""
+        return g.t() if name in self.derivation.transposed_grads else g
 
     def run(self, args: dict) -> dict[str, torch.Tensor]:
         """The fused program on args, weights left out filled with zeros, over chunks of rows."""
@@ -126,6 +129,7 @@ class _Fused(torch.autograd.Function):
         grads = [fn.grad_of(name, args[name], got) if name in fn.derivation.grads and isinstance(args[name], torch.Tensor)
                  else None for name in names]
         ctx.save_for_backward(*(g for g in grads if g is not None))
+        ctx.fn, ctx.names = fn, names
         ctx.has = [g is not None for g in grads]
         outs = tuple(got[o] for o in fn.outputs)
         ctx.mark_non_differentiable(*outs)
@@ -134,5 +138,21 @@ class _Fused(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_total, *_):
         saved = iter(ctx.saved_tensors)
-        scale = g_total.to(torch.float32)        # a 0-dim tensor: the product keeps the gradient's dtype
-        return (None, None, *(next(saved) * scale if has else None for has in ctx.has))
+        scale = scaling(g_total)
+        return (None, None, *(ctx.fn.as_input(name, scaled(next(saved), scale)) if has else None
+                              for name, has in zip(ctx.names, ctx.has)))
+
+
+def scaling(g_total: torch.Tensor) -> torch.Tensor | None:
+    """The factor the forward's gradients take: None for exactly 1 (loss.backward()), which an eager
+    call checks on the host (one sync, as Liger's does, against a pass over dW); under CUDA graph
+    capture or torch.compile it cannot look, and multiplies."""
+    if not torch.compiler.is_compiling() and not (g_total.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if g_total.item() == 1.0:
+            return None
+    return g_total.to(torch.float32)
+
+
+def scaled(g: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """g * scale, on the contiguous gradient (a vectorized pass; a 0-dim f32 factor keeps g's dtype)."""
+    return g if scale is None else g * scale

@@ -76,9 +76,9 @@ def register_fused(fn):
         ctx.mark_non_differentiable(*output[1:])
 
     def formula(ctx, grads):
-        scale = grads[0].to(torch.float32)
+        scale = grads[0].to(torch.float32)        # traced: no look at its value (loss.py: scaling)
         saved = dict(zip(wrt, ctx.saved_tensors))
-        return ([saved[n] * scale if n in saved else None for n in tensor_names],)
+        return ([fn.as_input(n, saved[n] * scale) if n in saved else None for n in tensor_names],)
 
     torch.library.register_autograd(op, formula, setup_context=setup_context)
 

@@ -253,7 +253,7 @@ def _merge_lanes(r: P.Reduction, i: int, lanes: str, count: str) -> list[str]:
     ]
 
 
-VEC = 8        # columns per lane and step of the vector loop: 16 bytes of a 16-bit tile
+VEC = 16       # columns per lane and step of the vector loop: two 16-byte moves of a 16-bit tile in flight
 
 
 def _vector_loop(program: Program, stored: list, writer, width: str, tile_reads: dict, ptr) -> list[str]:
