@@ -115,6 +115,7 @@ def _worker(rank: int, world: int, port: int, args, result: str):
         dist.all_reduce(losses)
         if rank == 0:
             torch.save({"loss": (losses / world).tolist(), "times": times, "sharded": sharded}, result)
+        dist.barrier()           # neither process tears the group down while the other still talks to it
     finally:
         dist.destroy_process_group()
 

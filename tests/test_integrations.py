@@ -257,6 +257,7 @@ def _fsdp_worker(rank: int, world: int, port: int, result: str):
         dist.all_reduce(losses)
         if rank == 0:
             torch.save(losses / world, result)
+        dist.barrier()           # neither process tears gloo down while the other still talks to it
     finally:
         dist.destroy_process_group()
 
