@@ -9,7 +9,7 @@ from .version import __version__  # noqa: F401
 
 # Submodules reachable as `epic.weights` etc. after a plain `import epic`, imported on first use
 # (they import torch, which `epic check` and the other front-end commands never need).
-_LAZY_SUBMODULES = ("weights", "distributed", "reference")
+_LAZY_SUBMODULES = ("weights", "distributed", "reference", "integrations")
 
 
 def __getattr__(name: str):
