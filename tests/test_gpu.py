@@ -53,7 +53,7 @@ def as_values(t, dtype: str) -> torch.Tensor:
     return t.double()
 
 
-def check_close(name, got, want, dtype, fp8_gemm=False, f16_acc=False):
+def check_close(name, got, want, dtype, fp8_gemm=False, f16_acc=False, narrowed=False):
     got = got.double()
     assert got.shape == want.shape, (name, got.shape, want.shape)
     nan_ok = torch.isnan(want)
@@ -90,11 +90,25 @@ def check_close(name, got, want, dtype, fp8_gemm=False, f16_acc=False):
     else:
         rtol, atol = 1e-4, 1e-5 * scale
     bad = (got - want).abs() > atol + rtol * want.abs()
+    if narrowed and dtype == "f32" and bad.any():
+        # the program rounds a computed value to 16 bits inside the epilogue (the fused loss's bf16(acc)):
+        # where f32 and float64 land on either side of a rounding boundary, one element moves by one
+        # 16-bit step, and a statistic over it by that much; a few such elements, each within 2^-7
+        near = (got - want).abs() <= 2 ** -7 * want.abs() + atol
+        if bool(near[bad].all()) and int(bad.sum()) <= max(2, bad.numel() // 500):
+            return
     if bad.any():
         idx = bad.nonzero()[:8].reshape(-1).tolist()
         detail = "; ".join(f"[{i}]: got {got[i].item():.6g} want {want[i].item():.6g}" for i in idx)
         raise AssertionError(f"{name}: {int(bad.sum())} of {bad.numel()} elements off "
                              f"(rtol {rtol:.3g}, atol {atol:.3g}); {detail}")
+
+
+def _narrows_inside(program) -> bool:
+    """Whether an epilogue casts a computed value (not a loaded tensor) to a 16-bit float before using it."""
+    from epic.ir import primitives as P
+    return any(P.family(v.op) is P.Family.CAST and v.dtype.bits == 16 and v.dtype.is_float
+               and not P.is_load(v.args[0]) for k in program.kernels for v in getattr(k, "values", ()))
 
 
 def _recompute(prog, inputs, out, sizes, plan, name):
@@ -223,11 +237,12 @@ def _check_against_reference(prog, name, size) -> dict:
     checked = [t for t in prog.program.tensors.values() if t.role in ("out", "tmp", "buffer", "partial")]
     fp8 = any(prog.program.tensors[k.a].dtype.name in ("e4m3", "e5m2") for k in prog.program.kernels if hasattr(k, "a"))
     f16_acc = any(getattr(k, "acc", None) is dtypes.F16 for k in prog.program.kernels)
+    narrowed = _narrows_inside(prog.program)
     for t in checked:
         want = _recompute(prog, inputs, out, sizes, plan, t.name)
         try:
             check_close(t.name, as_values(out[t.name], t.dtype.name), want, t.dtype.name, fp8_gemm=fp8,
-                        f16_acc=f16_acc)
+                        f16_acc=f16_acc, narrowed=narrowed)
         except AssertionError as e:
             raise AssertionError(f"{name} at {sizes} (seed {seed}): {e}") from None
     return out
