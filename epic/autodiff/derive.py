@@ -329,7 +329,10 @@ class _Deriver:
         if dacc is not None:
             requests.append(("#acc", epilogue.as_tile(dacc, acc_load.shape)))
         order = topo_order([v for _, v in requests])
-        if any(_crosses(x) for v in order for x in v.args) and not _finished_by_row_combine(order, requests):
+        # dacc is finished by the row combine only where a gemm reads it transposed (dB^T = dacc^T @ A):
+        # read by dA alone, its row sum would have to be deferred into dA, which it is not shaped for
+        finishable = k.b in self.needs or dacc is None
+        if any(_crosses(x) for v in order for x in v.args) and not (finishable and _finished_by_row_combine(order, requests)):
             # a backward sum that tiles need and the row combine kernel cannot finish: stages instead
             self.upstream, self.top_inputs, self.declared, self._dims_memo, self.pieces, counts = saved_state
             for g, count in zip(self.gemms, counts):
