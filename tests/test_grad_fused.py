@@ -4,6 +4,8 @@ Expected values come from torch.autograd: through the reference interpreter's se
 program (float64), and through torch's own cross entropy for the autograd function."""
 import pytest
 import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from epic import pipeline, reference
 from epic.autodiff import check, derive as D
@@ -12,6 +14,7 @@ from epic.diagnostics import EpicError
 from epic.integrations.programs import LM_HEAD_LOSS
 
 from .conftest import ROOT
+from .progen import program as random_program
 
 CE = str(ROOT / "samples" / "cross_entropy.epi")
 SIZES = [dict(M=37, D=24, V=56), dict(M=1, D=8, V=8), dict(M=130, D=72, V=200)]
@@ -56,6 +59,30 @@ def test_fused_program_is_three_gemms_with_dlogits_finished_by_the_row_combine()
     buffers = [t for t in a.program.tensors.values() if t.role == "buffer"]
     # the combine reads back only the rounded accumulator (the one-hot term is recomputed there)
     assert [(t.dtype.name, len(t.dims)) for t in buffers] == [("bf16", 2)], buffers
+
+
+def test_fused_refuses_to_leave_the_weight_out_and_derives_the_weight_alone():
+    with pytest.raises(EpicError) as e:
+        _fused(wrt=["x"])
+    assert e.value.diagnostics[0].code == "E903" and "'w'" in str(e.value)
+    d = _fused(wrt=["w"])
+    pipeline.analyze(d.forward_text, name="fused")
+    assert max(check.compare(d, SIZES[0], 0).values()) < 1e-10
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(random_program(), st.integers(0, 2**16))
+def test_random_programs_of_one_gemm_fuse_like_autograd(text, seed):
+    """Every random program: a chain is refused (E903), a quantizing one E901/E902; the others derive a
+    fused program that passes epic's checks and whose gradients are torch.autograd's."""
+    try:
+        d = D.derive_source(text, policy="fused")
+    except EpicError as e:
+        assume(e.diagnostics[0].code in ("E901", "E902", "E903"))
+        return
+    pipeline.analyze(d.forward_text, name="fused")
+    errors = check.compare(d, {k: v for k, v in dict(M=19, D=64, E=24).items() if k in d.program.dims}, seed)
+    assert max(errors.values()) < 1e-8, (errors, text)
 
 
 def test_fused_refuses_a_chain():

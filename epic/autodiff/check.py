@@ -38,9 +38,10 @@ def derived_grads(d: Derivation, inputs: dict, upstream: dict,
     """(outputs, gradients) by running the derived forward and backward programs on the interpreter."""
     fwd = load_program(d.forward_text, "<forward>", ".")
     if d.fused:                 # one program: the loss weights are inputs of the forward
-        got = reference.run(fwd, {**inputs, **{name: upstream[out] for out, name in d.upstream.items()}},
+        given = {**inputs, **{name: upstream[out] for out, name in d.upstream.items()}}
+        got = reference.run(fwd, {t.name: given[t.name] for t in fwd.inputs() if t.name in given},
                             exact=True, sizes=sizes)
-        return got, _gradients(d, got, {}, inputs)
+        return got, _gradients(d, got, given, inputs)
     outs = reference.run(fwd, inputs, exact=True, sizes=sizes)
     if not d.has_kernels:       # every gradient is an incoming one, passed on as it is
         return outs, {n: (upstream[_upstream_of(d, d.grads[n])] if n in d.grads else torch.zeros(inputs[n].shape,

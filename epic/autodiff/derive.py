@@ -332,7 +332,7 @@ class _Deriver:
         # dacc is finished by the row combine only where a gemm reads it transposed (dB^T = dacc^T @ A):
         # read by dA alone, its row sum would have to be deferred into dA, which it is not shaped for
         finishable = k.b in self.needs or dacc is None
-        if any(_crosses(x) for v in order for x in v.args) and not (finishable and _finished_by_row_combine(order, requests)):
+        if any(_crosses(x) for v in order for x in v.args) and not (finishable and finished_by_row_combine(order, requests)):
             # a backward sum that tiles need and the row combine kernel cannot finish: stages instead
             self.upstream, self.top_inputs, self.declared, self._dims_memo, self.pieces, counts = saved_state
             for g, count in zip(self.gemms, counts):
@@ -546,19 +546,21 @@ def _passes_through(v: Value, declared: set[str]) -> bool:
     return P.is_load(v) and v.attrs["tensor"] in declared and v.dtype.name in SMOOTH_CASTS
 
 
-def _finished_by_row_combine(order: list[Value], requests: list[tuple[str, Value]]) -> bool:
+def finished_by_row_combine(order: list[Value], requests: list[tuple[str, Value]]) -> bool:
     """Whether what depends on a backward reduction across tiles can be finished by the row combine
     kernel (epic/checks/row_finish.py): row sums only, element-wise math after them (no pairwise map,
     block value or further reduction), and tile results (a tile stored for another gemm, or returned)."""
     after: dict[int, bool] = {}               # value id -> it depends on a reduction across tiles
+    blocks: dict[int, bool] = {}              # value id -> a block value is among its operands' operands
     for v in order:
+        blocks[v.id] = v.kind is Kind.BLOCK or any(blocks[x.id] for x in v.args)
         if any(_crosses(x) and x.attrs.get("axis") != "row" for x in v.args):
             return False                      # a column or whole-tensor sum that other values need
         crossed = any(after[x.id] or _crosses(x) for x in v.args)
         if crossed and (_crosses(v) or P.family(v.op) in (P.Family.PAIR, P.Family.BLOCK) or v.kind is Kind.BLOCK):
             return False
         after[v.id] = crossed
-    return all(not after[v.id] or v.kind is Kind.TILE for _, v in requests)
+    return all(not after[v.id] or (v.kind is Kind.TILE and not blocks[v.id]) for _, v in requests)
 
 
 def _crosses(v: Value) -> bool:

@@ -19,13 +19,14 @@ loss's weights are applied, which is the ordinary backward (policy "save").
 from __future__ import annotations
 
 from ..diagnostics import error
-from ..ir.core import Program
+from ..ir.core import Program, topo_order
 from .text import type_text as _type
 
 
 def derive_fused(program: Program, deriver) -> None:
     """Run the deriver over the program's one gemm with its statistics computed in place, and add the
     forward's outputs to that gemm (derive() then prints the program)."""
+    from .derive import finished_by_row_combine
     gemms = [k for k in program.kernels if k.kind == "gemm"]
     if len(gemms) != 1:
         raise error("E903", f"policy 'fused' computes the gradient in the forward of a program of one gemm (a loss "
@@ -35,6 +36,11 @@ def derive_fused(program: Program, deriver) -> None:
     operand = program.tensors[k.a].dtype
     if operand.bits != 16:
         raise error("E903", f"policy 'fused' needs 16-bit gemm operands ({k.a} is {operand})", k.span)
+    if k.a in deriver.needs and k.b not in deriver.needs and k.b in program.tensors:
+        # dlogits is finished by the row combine kernel because dW's gemm reads it transposed; without
+        # dW, dX's gemm alone would need its row statistic deferred into it, which it cannot take
+        raise error("E903", f"policy 'fused' needs the gradient of the weight '{k.b}' too (it is left out of "
+                    "--wrt)", k.span, "add it to --wrt, or use policy 'save' for the input's gradient alone")
     deriver.primal_inline = operand
     deriver.kernel(k)
     if not deriver.gemms:
@@ -44,6 +50,11 @@ def derive_fused(program: Program, deriver) -> None:
         raise error("E903", f"policy 'fused' needs the gradient of gemm '{k.name}' in one epilogue; it needs a "
                     "backward row sum across tiles first (stages)", k.span, "use policy 'save' or 'recompute'")
     g = head[0]
+    computed = [(tensor, v) for _, tensor, _, v in g.stores]
+    if not finished_by_row_combine(topo_order([v for _, v in computed]), computed):
+        raise error("E903", f"policy 'fused': the gradient of gemm '{k.name}' needs values after a row statistic "
+                    "that the row combine kernel cannot finish (a pairwise map, a block statistic or a column "
+                    "sum after it)", k.span, "use policy 'save' or 'recompute'")
     primal = deriver.last_primal
     stored = []
     for s in k.stores:

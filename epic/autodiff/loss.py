@@ -90,9 +90,11 @@ class FusedLoss:
     def run(self, args: dict) -> dict[str, torch.Tensor]:
         """The fused program on args, weights left out filled with zeros, over chunks of rows."""
         feed = self.with_weights(args)
-        if self.chunks is None:
-            return self.program(**feed)
-        return self._run_chunks(feed)
+        got = self.program(**feed) if self.chunks is None else self._run_chunks(feed)
+        for g in self.derivation.grads.values():
+            if g not in got and g in feed:
+                got[g] = feed[g]          # a gradient that is an output's weights as they are (out y = z)
+        return got
 
     def _run_chunks(self, feed: dict) -> dict[str, torch.Tensor]:
         """The program on chunk_rows rows at a time: per-row outputs written into their rows, each sum
