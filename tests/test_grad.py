@@ -212,6 +212,9 @@ def test_random_programs_differentiate_like_autograd(text, seed):
         return
     errors = check.compare(d, {k: v for k, v in dict(M=19, D=64, E=24).items() if k in d.program.dims}, seed)
     assert max(errors.values()) < 1e-8, (errors, text)
+    pipeline.analyze(d.forward_text, name="forward")        # and both pass epic's checks
+    if d.has_kernels:
+        pipeline.analyze(d.backward_text, name="backward")
 
 
 def test_cli_grad_prints_a_program_that_compiles(tmp_path, capsys):
