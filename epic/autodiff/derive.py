@@ -28,7 +28,7 @@ from ..ir.core import GemmKernel, Program, Tensor, Value, make, topo_order
 from ..shapes import Kind, Shape
 from . import epilogue
 from .builder import SMOOTH_CASTS
-from .fused import accumulate_sums, derive_fused
+from .fused import accumulate_sums, derive_fused, refuse_unfinishable
 from .text import GemmText, type_text as _type
 
 
@@ -627,6 +627,8 @@ def derive(program: Program, wrt: list[str] | None = None, straight_through: boo
                     f"{', '.join(outs)}; quantized outputs and block scales have none)", None,
                     "gradients flow back from f32, bf16 or f16 outputs that depend on the inputs")
     grads = d.finish()
+    if policy == FUSED:
+        refuse_unfinishable(d, program)
     sums = accumulate_sums(d, grads, program) if accumulate and policy == FUSED else {}
     missing = [name for name in wrt if name not in grads]
     backward = d.text()

@@ -26,7 +26,6 @@ from .text import type_text as _type
 def derive_fused(program: Program, deriver) -> None:
     """Run the deriver over the program's one gemm with its statistics computed in place, and add the
     forward's outputs to that gemm (derive() then prints the program)."""
-    from .derive import finished_by_row_combine
     gemms = [k for k in program.kernels if k.kind == "gemm"]
     if len(gemms) != 1:
         raise error("E903", f"policy 'fused' computes the gradient in the forward of a program of one gemm (a loss "
@@ -50,11 +49,7 @@ def derive_fused(program: Program, deriver) -> None:
         raise error("E903", f"policy 'fused' needs the gradient of gemm '{k.name}' in one epilogue; it needs a "
                     "backward row sum across tiles first (stages)", k.span, "use policy 'save' or 'recompute'")
     g = head[0]
-    computed = [(tensor, v) for _, tensor, _, v in g.stores]
-    if not finished_by_row_combine(topo_order([v for _, v in computed]), computed):
-        raise error("E903", f"policy 'fused': the gradient of gemm '{k.name}' needs values after a row statistic "
-                    "that the row combine kernel cannot finish (a pairwise map, a block statistic or a column "
-                    "sum after it)", k.span, "use policy 'save' or 'recompute'")
+    deriver.fused_head = g
     primal = deriver.last_primal
     stored = []
     for s in k.stores:
@@ -65,6 +60,20 @@ def derive_fused(program: Program, deriver) -> None:
     g.name = deriver.names.fresh(f"{k.name}_fused")
     g.comment = (f"gemm {k.name}'s forward and the gradient of its epilogue, with the loss weights "
                  + ", ".join(deriver.upstream.values()) + " given now")
+
+
+def refuse_unfinishable(deriver, program: Program) -> None:
+    """After the gradients are stored (derive's finish): everything the fused gemm stores after a row
+    statistic must be finishable by the row combine kernel, else E903 (no program is handed out that
+    epic's checks would refuse)."""
+    from .derive import finished_by_row_combine
+    g = deriver.fused_head
+    computed = [(tensor, v) for _, tensor, _, v in g.stores]
+    if not finished_by_row_combine(topo_order([v for _, v in computed]), computed):
+        k = next(k for k in program.kernels if k.kind == "gemm")
+        raise error("E903", f"policy 'fused': the gradients of gemm '{k.name}' need values after a row statistic "
+                    "that the row combine kernel cannot finish (a pairwise map, a block statistic or a column "
+                    "sum after it)", k.span, "use policy 'save' or 'recompute'")
 
 
 def accumulate_sums(deriver, grads: dict[str, str], program: Program) -> dict[str, str]:
