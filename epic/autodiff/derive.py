@@ -560,7 +560,8 @@ def finished_by_row_combine(order: list[Value], requests: list[tuple[str, Value]
         if crossed and (_crosses(v) or P.family(v.op) in (P.Family.PAIR, P.Family.BLOCK) or v.kind is Kind.BLOCK):
             return False
         after[v.id] = crossed
-    return all(not after[v.id] or (v.kind is Kind.TILE and not blocks[v.id]) for _, v in requests)
+    # a tile (finished row by row) or a per-row vector (computed by the combine) after a row sum
+    return all(not after[v.id] or (v.kind in (Kind.TILE, Kind.COL) and not blocks[v.id]) for _, v in requests)
 
 
 def _crosses(v: Value) -> bool:
