@@ -124,6 +124,7 @@ class _Deriver:
         self.needs = self._needs_grad()
         self.primal_inline: DType | None = None          # policy "fused" (autodiff/fused.py)
         self.last_primal: epilogue.Primal | None = None
+        self.fused_head: GemmText | None = None          # policy "fused": the gemm that does both
 
     # ------------------------------------------------------------------ what needs a gradient
     def _needs_grad(self) -> set[str]:
