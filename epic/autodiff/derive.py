@@ -28,6 +28,7 @@ from ..ir.core import GemmKernel, Program, Tensor, Value, make, topo_order
 from ..shapes import Kind, Shape
 from . import epilogue
 from .builder import SMOOTH_CASTS
+from .finishing import crosses as _crosses, finished_by_row_combine
 from .fused import accumulate_sums, derive_fused, refuse_unfinishable
 from .text import GemmText, type_text as _type
 
@@ -545,29 +546,6 @@ class _Deriver:
 
 def _passes_through(v: Value, declared: set[str]) -> bool:
     return P.is_load(v) and v.attrs["tensor"] in declared and v.dtype.name in SMOOTH_CASTS
-
-
-def finished_by_row_combine(order: list[Value], requests: list[tuple[str, Value]]) -> bool:
-    """Whether what depends on a backward reduction across tiles can be finished by the row combine
-    kernel (epic/checks/row_finish.py): row sums only, element-wise math after them (no pairwise map,
-    block value or further reduction), and tile results (a tile stored for another gemm, or returned)."""
-    after: dict[int, bool] = {}               # value id -> it depends on a reduction across tiles
-    blocks: dict[int, bool] = {}              # value id -> a block value is among its operands' operands
-    for v in order:
-        blocks[v.id] = v.kind is Kind.BLOCK or any(blocks[x.id] for x in v.args)
-        if any(_crosses(x) and x.attrs.get("axis") != "row" for x in v.args):
-            return False                      # a column or whole-tensor sum that other values need
-        crossed = any(after[x.id] or _crosses(x) for x in v.args)
-        if crossed and (_crosses(v) or P.family(v.op) in (P.Family.PAIR, P.Family.BLOCK) or v.kind is Kind.BLOCK):
-            return False
-        after[v.id] = crossed
-    # a tile (finished row by row) or a per-row vector (computed by the combine) after a row sum
-    return all(not after[v.id] or (v.kind in (Kind.TILE, Kind.COL) and not blocks[v.id]) for _, v in requests)
-
-
-def _crosses(v: Value) -> bool:
-    """A backward reduction across tiles (a row, column or whole-tensor sum)."""
-    return P.family(v.op) is P.Family.REDUCE
 
 
 def default_wrt(program: Program) -> list[str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from ..diagnostics import error
 from ..ir.core import Program, topo_order
+from .finishing import finished_by_row_combine
 from .text import type_text as _type
 
 
@@ -66,7 +67,6 @@ def refuse_unfinishable(deriver, program: Program) -> None:
     """After the gradients are stored (derive's finish): everything the fused gemm stores after a row
     statistic must be finishable by the row combine kernel, else E903 (no program is handed out that
     epic's checks would refuse)."""
-    from .derive import finished_by_row_combine
     g = deriver.fused_head
     computed = [(tensor, v) for _, tensor, _, v in g.stores]
     if not finished_by_row_combine(topo_order([v for _, v in computed]), computed):
