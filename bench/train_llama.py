@@ -37,10 +37,10 @@ VARIANTS = ("hf", "hf_compile", "epic", "liger")
 ALIASES = {"compile": "hf_compile"}       # the name older commands used
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--warmup", type=int, default=5, help="steps left out of the median step time")
+def add_model_args(ap, steps: int, warmup: int) -> None:
+    """The model, data and training options this script and bench/fsdp2_gpus.py share."""
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--warmup", type=int, default=warmup, help="steps left out of the median step time")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--intermediate", type=int, default=2816)
@@ -50,6 +50,11 @@ def parse_args(argv=None):
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--seed", type=int, default=0)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_args(ap, steps=50, warmup=5)
     ap.add_argument("--variants", default=",".join(VARIANTS), help="hf (HF eager) always runs: the others compare with it")
     ap.add_argument("--chunk-rows", type=int, default=None,
                     help="epic's LM head backward on this many tokens at a time (apply_epic_to_llama's chunk_rows)")

@@ -192,9 +192,9 @@ def _finish_tiles(program: Program, k: CombineKernel, tiled: list, writer, ptr, 
     packed = any(program.tensors[s.tensor].dtype is dtypes.I4 for s in stored)
     if not packed:
         return _vector_loop(program, stored, writer, width, tile_reads, ptr)
-    per = 2
+    per = 2                                      # int4: a lane takes a column pair and writes one byte
     lines = [f"const long long W = (long long)({width});",
-             f"for (long long j = lane; j < {'(W + 1) / 2' if packed else 'W'}; j += 32) {{"]
+             "for (long long j = lane; j < (W + 1) / 2; j += 32) {"]
     lines += [f"  unsigned pack_{i} = 0u;" for i, s in enumerate(stored)
               if program.tensors[s.tensor].dtype is dtypes.I4]
     lines += [f"  for (int e = 0; e < {per}; ++e) {{", f"    const long long n = j * {per} + e;",
@@ -213,9 +213,6 @@ def _finish_tiles(program: Program, k: CombineKernel, tiled: list, writer, ptr, 
         conv = f"static_cast<{t.dtype.cuda}>({value})" if t.dtype.is_int else f"{t.dtype.cuda}({value})"
         lines.append(f"    static_cast<{t.dtype.cuda}*>({out})[(long long)m * W + n] = {conv};")
     return lines + ["  }"] + tail + ["}"]
-
-
-    return CombineSpec(k.name, identifier(k.name), k.axis, pointers, scalars, merge, body)
 
 
 def _merge_lanes(r: P.Reduction, i: int, lanes: str, count: str) -> list[str]:
@@ -293,9 +290,7 @@ def _vector_loop(program: Program, stored: list, writer, width: str, tile_reads:
 
 
 def _copy(dst: str, src: str, dt) -> str:
-    """VEC elements of dtype dt from src to dst, both aligned to VEC elements, as 8- or 16-byte moves."""
-    nbytes = VEC * dt.bits // 8
-    unit = "uint4" if nbytes >= 16 else "uint2"
-    count = max(1, nbytes // 16)
-    return " ".join(f"reinterpret_cast<{unit}*>({dst})[{i}] = reinterpret_cast<const {unit}*>({src})[{i}];"
-                    for i in range(count))
+    """VEC elements of dtype dt from src to dst, both aligned to VEC elements, as 16-byte moves (VEC
+    one-byte elements are one)."""
+    return " ".join(f"reinterpret_cast<uint4*>({dst})[{i}] = reinterpret_cast<const uint4*>({src})[{i}];"
+                    for i in range(VEC * dt.bits // 128))
