@@ -219,19 +219,21 @@ DIMS = {
 }
 
 
+SCHEDULES = {"coop": "cooperative", "ping": "pingpong", "pp": "pingpong"}
+
+
 def parse_config(key: str) -> dict:
     """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold]' -> {'schedule': 'cooperative', 'tile':
     (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler swizzle, raster (m or n),
-    split-K count, and combine=fold. 'fold', 'rm' or 'rn' alone: the default configuration with
-    combine=fold, or rastered along M or N (the same built kernel)."""
-    if key == "fold":
-        return {"combine": "fold"}
-    if key in ("rm", "rn"):
-        return {"raster": key[1]}
-    sched, tile, cluster, *rest = key.split("_")
-    cfg = {"schedule": {"coop": "cooperative", "ping": "pingpong", "pp": "pingpong"}[sched],
-           "tile": tuple(int(v) for v in tile.split("x")), "cluster": tuple(int(v) for v in cluster[1:].split("x"))}
-    for extra in rest:
+    split-K count, and combine=fold. Without the schedule, tile and cluster ('fold', 'rn', 'rn_s4'):
+    the default configuration with those changes ('rm', 'rn', 's4': the same built kernel)."""
+    parts = key.split("_")
+    cfg: dict = {}
+    if parts[0] in SCHEDULES:
+        sched, tile, cluster, *parts = parts
+        cfg = {"schedule": SCHEDULES[sched], "tile": tuple(int(v) for v in tile.split("x")),
+               "cluster": tuple(int(v) for v in cluster[1:].split("x"))}
+    for extra in parts:
         if extra.startswith("e") and "x" in extra:
             cfg["epi_tile"] = tuple(int(v) for v in extra[1:].split("x"))
         elif extra[0] == "s" and extra[1:].isdigit():

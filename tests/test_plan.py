@@ -94,14 +94,33 @@ def test_large_m_falls_back_down_the_ladder_when_the_epilogue_leaves_too_little_
     assert not config.fits(prog.kernels[0], prog.tensors, config.LARGE_M[0])
 
 
+def test_the_heuristics_swizzle_never_pads_the_tile_grid():
+    """CUTLASS's scheduler rounds each dimension's tile count up to swizzle x cluster and runs the
+    padding tiles: the heuristic lowers its swizzle of 8 where that would add tiles."""
+    wide = config.WIDE_N[0]                              # pingpong 128x192, cluster 2x1
+    # N = 28672: 149.3 -> 150 columns of tiles; swizzle 8 (and 4) round them to 152, 2 does not
+    assert [config.padded_tiles(wide, 8192, 28672, s) for s in (1, 2, 4, 8)] == [64 * 150] * 2 + [64 * 152] * 2
+    prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out y: bf16 = acc\n}\n").program
+    swizzle = {n: planner.make_plan(prog, dict(M=8192, K=4096, N=n)).configs["g"].swizzle
+               for n in (4096, 14336, 28672, 128256)}
+    # 14336 / 192 -> 75 columns (odd); 128256 / 192 -> 668 columns: a multiple of 4, not of 8 (672)
+    assert swizzle == {4096: 8, 14336: 1, 28672: 2, 128256: 4}
+    assert planner.make_plan(prog, dict(M=64, K=4096, N=28672)).configs["g"].swizzle == 1   # decode: 1 as before
+    # a swizzle the file or the call gives is kept as given
+    assert planner.make_plan(prog, dict(M=8192, K=4096, N=28672), {"g": {"swizzle": 8}}).configs["g"].swizzle == 8
+    fixed = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with swizzle=4 {\n  out y: bf16 = acc\n}\n").program
+    assert planner.make_plan(fixed, dict(M=8192, K=4096, N=28672)).configs["g"].swizzle == 4
+
+
 def test_heuristic_and_overrides():
     assert config.heuristic(64).schedule == "pingpong"
     assert config.heuristic(256).tile == (64, 64, 64) and config.heuristic(257).tile == (128, 128, 64)
     large = config.heuristic(8192)
     assert (large.schedule, large.tile, large.cluster, large.swizzle) == ("pingpong", (128, 128, 64), (2, 1), 8)
-    # 192 wide where N is a multiple of 192 or over 16384 (the H200 measurements in config.py)
-    for n, width in ((4096, 128), (6144, 192), (14336, 128), (16384, 128), (16385, 192), (28672, 192),
-                     (128256, 192), (None, 128)):
+    # 192 wide where 192-wide tiles leave at most 1% of N empty (the H200 measurements in config.py):
+    # 14336 = 74.7 x 192 (0.4% empty), 11008 = 57.3 x 192 (1.2%), 4096 = 21.3 x 192 (3.1%)
+    for n, width in ((4096, 128), (6144, 192), (11008, 128), (14336, 192), (16384, 192), (16385, 192),
+                     (28672, 192), (128256, 192), (None, 128)):
         assert config.heuristic(8192, n=n).tile == (128, width, 64), n
     assert config.heuristic(8192, {128}, n=28672).tile == (128, 128, 64)   # a block of 128 narrows it
     assert config.heuristic(8192, {64}, n=28672).tile == (128, 192, 64)

@@ -8,10 +8,12 @@ Heuristic (chosen from H200 measurements: docs/PERFORMANCE.md, "Tuning"):
                                                    each block (not a 64x128 tile); N over 16384:
                                                    64x128 (SMALL_M_WIDE)
   otherwise    pingpong 128x128x64, cluster 2x1  prefill: the epilogue of one warp group overlaps
-               (128x192 where N is a multiple    the other's mainloop (LARGE_M, WIDE_N below)
-               of 192 or over 16384), swizzle 8
+               (128x192 where 192-wide tiles     the other's mainloop (LARGE_M, WIDE_N below)
+               leave at most 1% of N empty),
+               swizzle 8 or less
 The tile width is then narrowed if a 1xB block does not divide it. A file that fixes the tile but
-not the schedule gets a schedule that accepts the tile.
+not the schedule gets a schedule that accepts the tile. Unless the file or the call gives one, the
+swizzle is the largest (up to 8) that adds no padding tiles to the grid (fitting_swizzle).
 """
 from __future__ import annotations
 
@@ -164,16 +166,19 @@ SMALL_M = [KernelConfig("pingpong", (64, 64, 64), (1, 1))]
 # against 64x64): cross entropy (N = 128256) 0.950 / 1.004, gate/up identity (28672) 1.002 / 1.023,
 # SwiGLU 1.013 / 1.025; at N = 14336 the two are within the noise (bias + GELU 1.011 / 1.016).
 SMALL_M_WIDE = [KernelConfig("pingpong", (64, 128, 64), (1, 1))]
-# Tiles 192 wide where N is a multiple of 192 or very wide, same run, against pingpong 128x128:
-#   N = 6144 identity 0.974 / 0.989, RoPE 0.982 / 0.991; N = 28672 (gate/up) identity 1.001 / 1.284,
-#   SwiGLU 1.002 / 1.259; N = 128256 cross entropy 0.972 / 0.997. Not at N = 4096 (1.160 / 0.990) or
-#   14336 (1.085 / 0.974), where the last column of tiles is a third or two thirds empty.
+# Tiles 192 wide where they cover N with at most 1% of empty columns (N = 6144, 14336, 28672, 128256;
+# not 4096, a third of whose last column of tiles would be empty). Against pingpong 128x128, with the
+# swizzle that pads no tiles (fitting_swizzle), bench/results/2026-12-02-h200-interleaved-wide-tiles.json:
+#   N = 14336 bias + GELU 0.979 / 0.989, identity 0.972 / 0.971; N = 4096 identity 1.010 / 0.983,
+#   residual + RMSNorm 1.052 / 1.012; and 2026-12-01-h200-interleaved-configs.json (then with swizzle 8):
+#   N = 6144 identity 0.974 / 0.989, RoPE 0.982 / 0.991; N = 28672 SwiGLU 1.002 / 1.259; N = 128256
+#   cross entropy 0.972 / 0.997.
 WIDE_N = [KernelConfig("pingpong", (128, 192, 64), (2, 1), swizzle=8)]
-WIDE = 16384      # N above this takes 192-wide tiles whatever its remainder (measured at 28672 and 128256)
+WIDE = 16384      # decode (M <= 256) takes 64x128 tiles above this N
 
 
 def _wide(n: int | None) -> bool:
-    return n is not None and (n > WIDE or n % 192 == 0)
+    return n is not None and n > 0 and 100 * (-n % 192) <= n
 
 
 def split_block(cfg: KernelConfig, block: int) -> bool:
@@ -231,6 +236,33 @@ def _block_epilogue(cfg: KernelConfig, blocks) -> KernelConfig:
     return cfg
 
 
+def _log_swizzle(blocks_m: int, blocks_n: int, most: int) -> int:
+    """CUTLASS's sm90 persistent scheduler's own reduction of the swizzle (get_log_swizzle_size)."""
+    shortest = min(blocks_m, blocks_n)
+    for log, need in ((3, 6), (2, 3), (1, 2)):
+        if most >= 1 << log and shortest >= need:
+            return log
+    return 0
+
+
+def padded_tiles(cfg: KernelConfig, m: int, n: int, swizzle: int) -> int:
+    """The tiles CUTLASS's persistent scheduler walks at this swizzle: it rounds each dimension's
+    tile count up to swizzle x cluster, and the padding tiles are scheduled (and idle) like real ones."""
+    bm, bn = -(-m // cfg.tile_m), -(-n // cfg.tile_n)
+    step = 1 << _log_swizzle(bm, bn, swizzle)
+    return -(-bm // (step * cfg.cluster[0])) * step * cfg.cluster[0] * (-(-bn // (step * cfg.cluster[1])) * step * cfg.cluster[1])
+
+
+def fitting_swizzle(cfg: KernelConfig, m: int, n: int) -> int:
+    """The largest swizzle up to the configuration's that pads the tile grid no more than swizzle 1.
+    At M = 8192, N = 28672 on 128x192 tiles, swizzle 8 rounds 150 tile columns up to 152 (1.3% more
+    tiles, 2.7% more time); swizzle 2 pads none and was 2.7% faster, while at N = 14336 (112 columns)
+    swizzle 8 stays best (bench/results/2026-12-02-h200-interleaved-swizzle.json)."""
+    least = padded_tiles(cfg, m, n, 1)
+    return next(s for s in (8, 4, 2, 1) if s <= cfg.swizzle and padded_tiles(cfg, m, n, s) == least) \
+        if cfg.swizzle > 1 else cfg.swizzle
+
+
 def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None = None) -> KernelConfig:
     """The configuration of one gemm: call-time override > options in the file > heuristic (the
     first configuration of its ladder whose shared memory leaves the mainloop 2 stages).
@@ -241,9 +273,11 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
     tile_fixed = False      # a tile the file or the call chose is kept (a bad combination is E216)
     schedule_fixed = False  # so is a schedule
     cluster_fixed = False
+    swizzle_fixed = False   # and a swizzle (else the heuristic's is lowered where it would pad the grid)
     for source in (kernel.options, override or {}):
         if source:
             cluster_fixed = cluster_fixed or "cluster" in source
+            swizzle_fixed = swizzle_fixed or "swizzle" in source
             tile = tuple(source.get("tile", cfg.tile))
             tile_fixed = tile_fixed or "tile" in source
             splits = int(source.get("splits", cfg.splits))
@@ -263,6 +297,8 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
     if not tile_fixed:
         cfg = _with_blocks(cfg, blocks)        # ... or made the tile narrower than a block: widen it
     cfg = _block_epilogue(cfg, blocks)
+    if not swizzle_fixed and n is not None and m > 0 and n > 0:
+        cfg = replace(cfg, swizzle=fitting_swizzle(cfg, m, n))
     cfg = validate(cfg, f"gemm '{kernel.name}'", getattr(kernel, "span", None))
     if not fits(kernel, tensors, cfg):
         epi, stage = smem_estimate(kernel, tensors, cfg)

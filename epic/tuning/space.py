@@ -58,16 +58,17 @@ def override(cfg: config_mod.KernelConfig) -> dict:
 def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6) -> list[config_mod.KernelConfig]:
     """Up to `limit` configurations of this gemm -- the heuristic's first; then one per (schedule,
     tile), best-ranked first, at the heuristic's cluster where legal; then the other clusters of the
-    best tiles (the cost model cannot tell clusters apart) -- then the first two with the other
-    swizzle (1/8) and the other raster orders (along M, along N, CUTLASS's heuristic), the
-    heuristic's tile with wider epilogue subtiles, and split-K where the tiles leave most SMs idle."""
+    best tiles (the cost model cannot tell clusters apart) -- then the first two with swizzles 1 and 8
+    (the heuristic's may lie between) and the other raster orders (along M, along N, CUTLASS's
+    heuristic), the heuristic's tile with wider epilogue subtiles, and split-K where the tiles leave
+    most SMs idle."""
     first = config_mod.choose(kernel, m, None, tensors, n)
     groups: dict[tuple, list[config_mod.KernelConfig]] = {}
     for schedule, cluster in itertools.product(vocab.SCHEDULES, CLUSTERS):
         for tile in TILES[schedule]:
             try:
-                cfg = config_mod.choose(kernel, m, {"schedule": schedule, "tile": tile, "cluster": cluster,
-                                                    "swizzle": first.swizzle}, tensors)
+                cfg = config_mod.choose(kernel, m, {"schedule": schedule, "tile": tile, "cluster": cluster},
+                                        tensors, n)
             except EpicError:          # shared memory, a block wider than the tile, ...
                 continue
             group = groups.setdefault((cfg.schedule, cfg.tile), [])
@@ -82,7 +83,7 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6) -> list[co
             if len(out) < limit and all(c.key() != cfg.key() for c in out):
                 out.append(cfg)
     for cfg in out[:2]:                # launch-time options: the same built kernel, timed again
-        others = [replace(cfg, swizzle=1 if cfg.swizzle == 8 else 8)]
+        others = [replace(cfg, swizzle=s) for s in (1, 8) if s != cfg.swizzle]
         others += [replace(cfg, raster=r) for r in RASTERS if r != cfg.raster]
         out += [o for o in others if o not in out]
     for width in EPI_WIDTHS:           # the heuristic's tile with a wider epilogue subtile
