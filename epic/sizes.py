@@ -27,9 +27,10 @@ def parse_shape_arg(text: str) -> dict[str, int]:
     return out
 
 
-def check_complete(program: Program, sizes: dict[str, int]) -> None:
+def check_complete(program: Program, sizes: dict[str, int], others_too: bool = False) -> None:
+    """E607 for a dimension without a size, and (unless others_too) for a size of no dimension."""
     unknown = [d for d in sizes if d not in program.dims]
-    if unknown:
+    if unknown and not others_too:
         raise EpicError(Diagnostic("E607", f"the program has no dimension {', '.join(unknown)}", None,
                                    f"its dimensions are {', '.join(program.dims)}"))
     missing = [d for d in program.dims if d not in sizes]

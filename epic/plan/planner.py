@@ -48,14 +48,22 @@ class Plan:
     steps: list[Step]
     buffers: dict[str, Buffer]
     configs: dict[str, config_mod.KernelConfig]
+    # buffers that lie in another's memory: a tile the gemm stores for the row combine kernel to finish
+    # -> the tile that kernel finishes from it, element by element in place (in_place below)
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    def storage(self, name: str) -> str:
+        """The buffer whose memory holds `name`."""
+        return self.aliases.get(name, name)
 
     def tiles(self) -> dict[str, tuple[int, int]]:
         """(tile M, tile N) of each gemm, for the reference interpreter's per-tile partials."""
         return {k: (c.tile_m, c.tile_n) for k, c in self.configs.items()}
 
     def allocations(self) -> list[Buffer]:
-        """What a call allocates: everything a kernel writes."""
-        return [b for b in self.buffers.values() if b.role in ("out", "tmp", "buffer", "partial")]
+        """What a call allocates: everything a kernel writes, but for buffers in another's memory."""
+        return [b for b in self.buffers.values()
+                if b.role in ("out", "tmp", "buffer", "partial") and b.name not in self.aliases]
 
 
 def buffer_of(t: Tensor, sizes: dict[str, int], configs: dict) -> Buffer:
@@ -91,6 +99,7 @@ def _nbytes(shape: tuple[int, ...], bits: int) -> int:
 
 
 def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict] | None = None) -> Plan:
+    sizes_mod.check_complete(program, sizes, others_too=True)
     sizes_mod.check_indexable(program, sizes)
     diags = layout.check_sizes(program, sizes)
     if diags:
@@ -115,7 +124,33 @@ def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict
         for r in reads:
             buffers[r].readers.append(k.name)
         steps.append(Step(k, configs.get(k.name), reads, writes))
-    return Plan(program, sizes, steps, buffers, configs)
+    aliases = in_place(program, buffers)
+    for pre, tile in aliases.items():
+        buffers[pre].layout += f"; in {tile}'s memory (finished in place)"
+    return Plan(program, sizes, steps, buffers, configs, aliases)
+
+
+def in_place(program: Program, buffers: dict[str, Buffer]) -> dict[str, str]:
+    """Tiles a row combine kernel finishes in place (pre -> finished): where a gemm stores a tile that
+    only the combine kernel after it reads, and that kernel stores a tile of the same dtype and shape
+    that no kernel has read yet, the two share memory. The kernel's finish loop reads every tile of a
+    row's columns before it stores them (codegen/combine.py), each element by the lane that stores it,
+    so the finished value overwrites only what that lane has read (cross entropy's dlogits are
+    written over the logits: one [M, V] buffer instead of two)."""
+    out: dict[str, str] = {}
+    for k in program.kernels:
+        if k.kind != "combine" or k.axis != "row":
+            continue
+        finished = [s.tensor for s in k.stores if s.value.kind is Kind.TILE]
+        for pre, b in buffers.items():
+            if b.role != "buffer" or b.writer != k.source or b.readers != [k.name]:
+                continue
+            tile = next((t for t in finished if t not in out.values() and buffers[t].role in ("tmp", "buffer", "out")
+                         and (buffers[t].torch_dtype, buffers[t].shape) == (b.torch_dtype, b.shape)
+                         and buffers[t].writer == k.name), None)
+            if tile is not None:
+                out[pre] = tile
+    return out
 
 
 def folds(program: Program, configs: dict[str, config_mod.KernelConfig]) -> dict[str, str]:

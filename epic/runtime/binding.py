@@ -40,7 +40,7 @@ def bind(plan: planner.Plan, libraries: list, device) -> Executable:
             dims = [m, n, cfg.tile_m, cfg.tile_n]
         with torch.cuda.device(device):
             ws = lib.workspace_size(dims)
-        launches.append(Launch(lib, [p.tensor for p in spec.pointers], dims,
+        launches.append(Launch(lib, [plan.storage(p.tensor) for p in spec.pointers], dims,
                                [float(sizes_mod.evaluate(s.dim, sizes)) if s.dim is not None else s.name
                                 for s in spec.scalars], ws))
     return Executable(device, [t.name for t in program.inputs() if not t.is_scalar],

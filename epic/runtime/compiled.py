@@ -173,7 +173,8 @@ class CompiledProgram:
         poison=True fills every output and buffer with NaN (a sentinel for integers) before launching,
             so that elements the kernels fail to write show up;
         keep=True also returns the intermediate tensors (tmp, deferred scales, per-tile partials: disjoint
-            views of one allocation, while each output has its own; runtime/executable.py).
+            views of one allocation, while each output has its own; runtime/executable.py), but for a
+            tile the row combine kernel finished in place over another (plan.aliases): the finished one.
         The first call with given shapes/dtypes/strides validates everything and binds the signature's
         Executable; later calls with the same signature re-check alignment and scalar values (pointers
         change, layouts do not), in the compiled call path (runtime/fastcall.py) where it is available.

@@ -10,7 +10,9 @@ launches, through its per-weight cache, on either path (the C++ launcher receive
 The layout: each output gets its own allocation (it outlives the call); every other buffer
 (tmp tensors, per-tile partials, combine results) and every launch's workspace lies in one arena,
 at offsets aligned to ARENA_ALIGN bytes, in that order: a call pays one allocation more than its
-outputs. keep=True hands out the intermediates as disjoint views of the arena.
+outputs. keep=True hands out the intermediates as disjoint views of the arena. A buffer the plan puts in
+another's memory (plan.aliases: a tile finished in place) is not allocated: binding.bind points its
+kernels' pointers at the other.
 """
 from __future__ import annotations
 
