@@ -1,6 +1,7 @@
 """Op attributes are declared on the records and checked by the typed constructor (ir.core.make) and
 the IR verifier: an unknown, missing or mistyped attribute is an internal error (E599), not a
 KeyError somewhere later."""
+import re
 from fractions import Fraction
 
 import pytest
@@ -12,7 +13,7 @@ from epic.ir.core import Value, const, make
 from epic.ir.verify import problems
 from epic.shapes import TILE, Dim
 
-from .conftest import SAMPLES
+from .conftest import ROOT, SAMPLES
 
 X = make("load", (), {"tensor": "x", "dtype": BF16, "shape": TILE})
 
@@ -59,3 +60,30 @@ def test_every_record_declares_what_its_values_carry():
             for k in stage.program.kernels:
                 for v in k.values:
                     assert P.attribute_problem(v.op, v.attrs) is None, (path, stage.name, v)
+
+
+# a read of an attribute by name: v.attrs["fn"], attrs.get('block', ...), "period" in v.attrs
+ATTR_READ = re.compile(r"""attrs(?:\[|\.get\(|\.pop\(|\.setdefault\()\s*["'](\w+)["']|["'](\w+)["']\s+(?:not\s+)?in\s+[\w.]*attrs\b""")
+
+
+def _attribute_reads(text: str) -> list[str]:
+    return [m.group(1) or m.group(2) for m in ATTR_READ.finditer(text)]
+
+
+def test_every_attribute_the_code_reads_by_name_is_declared_on_a_record():
+    """A misspelled attribute name in a read (attrs["axes"]) would be a KeyError or a silent default
+    at run time; here it fails at once."""
+    declared = {k.rstrip(P.OPTIONAL) for p in P.PRIMITIVES.values() for k in p.attrs}
+    found = []
+    for path in sorted((ROOT / "epic").rglob("*.py")):
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            found += [f"{path.relative_to(ROOT)}:{i}: '{a}'" for a in _attribute_reads(line) if a not in declared]
+    assert not found, "attributes no record declares:\n" + "\n".join(found)
+
+
+def test_the_attribute_read_detector_sees_each_form():
+    assert _attribute_reads('r = P.reduction(v.attrs["fn"])') == ["fn"]
+    assert _attribute_reads("b = w.attrs.get('block', 1)") == ["block"]
+    assert _attribute_reads('if "period" in v.attrs:') == ["period"]
+    assert _attribute_reads('if "axes" not in x.attrs and y') == ["axes"]
+    assert _attribute_reads("v.attrs[P.prim(v.op).reads]") == []
