@@ -55,6 +55,7 @@ CODES = {
     "E608": "bad argument to epic.compile (an unknown fallback policy)",
     "E609": "a captured program replayed with other shapes, dtypes, strides, devices or scalar values",
     "E610": "a HuggingFace model or batch that epic.integrations cannot take (a bias, another activation, not bfloat16, a label outside the vocabulary)",
+    "E611": "a tensor given with out= that the program cannot write its output into (not an output, or it shares memory with an input read elsewhere)",
     "E701": "the generated CUDA failed to compile (a bug in epic; the .cu is kept)",
     "E702": "not supported by code generation yet",
     "E703": "no CUDA device or the kernel launch failed",

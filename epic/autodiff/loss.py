@@ -13,7 +13,8 @@ a mean over n tokens pass weights 1/n (0 for ignored rows); the outputs themselv
 With chunk_rows=N the program runs on N rows at a time (autodiff/chunks.py decides what is per row):
 dlogits exist for N rows at once; per-row gradients are written into their rows, and a gradient that
 sums over rows (dW) is carried from chunk to chunk: the later chunks run a variant of the program that
-adds the sum so far in the dW gemm's epilogue (in the gradient's dtype, as an addmm into it would).
+adds the sum so far in the dW gemm's epilogue (in the gradient's dtype, as an addmm into it would)
+and writes the new sum over it (out=), so dW is in memory once.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class FusedLoss:
         self.outputs = [t.name for t in d.program.outputs()]
         self.weights = dict(d.upstream)                # output -> the input that holds its rows' weights
         self.chunks = self.later = None
+        self._overwrite: list[str] | None = None     # gradients the later chunks write over their sums
         if chunk_rows is not None:
             self.chunks = RowChunks(d.program, self.program.analysis.source_program, chunk_rows)
             # the variant for later chunks adds the earlier chunks' sums (dW) in its epilogues
@@ -110,7 +112,10 @@ class FusedLoss:
             part_feed = {k: _rows(v, start, stop) if k in c.sliced else v for k, v in feed.items()}
             if start:
                 part_feed.update({sums[g]: out[g] for g in sums})
-            part = (self.later if start else self.program)(**part_feed)
+                # each sum written over the one it adds to (dW once, not twice, in memory)
+                part = self.later(**part_feed, out={g: out[g] for g in self._in_place_sums(part_feed)})
+            else:
+                part = self.program(**part_feed)
             for name, value in part.items():
                 if name in c.per_row:
                     if name not in out:
@@ -120,6 +125,21 @@ class FusedLoss:
                     out[name] = value
             del part
         return out
+
+
+    def _in_place_sums(self, feed: dict) -> list[str]:
+        """The gradients the later chunks' program may write over their running sums (the dW gemm
+        reads the sum only in its epilogue, at the position it stores: planner.overwrite_problem)."""
+        if self._overwrite is None:
+            from ..plan import planner
+            from ..runtime.validate import solve
+            prog = self.later.program
+            sizes = solve(prog, {t.name: tuple(feed[t.name].shape) for t in prog.inputs()
+                                 if not t.is_scalar and t.name in feed}, indexable=False)
+            plan = self.later.plan(sizes)
+            self._overwrite = [g for g, total in self.later_derivation.sums.items()
+                               if planner.overwrite_problem(plan, g, total) is None]
+        return self._overwrite
 
 
 class _Fused(torch.autograd.Function):

@@ -130,6 +130,25 @@ def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict
     return Plan(program, sizes, steps, buffers, configs, aliases)
 
 
+def overwrite_problem(plan: Plan, output: str, inp: str) -> str | None:
+    """Why output `output` may not be written into input `inp`'s memory (None: it may). It may where
+    the one kernel that reads `inp` is the gemm that stores `output`, which reads it as a tile at the
+    position it stores (an epilogue load, e.g. acc + sum), never as an operand or with a period: each
+    element is then read before the same thread's store overwrites it, and nothing reads it after."""
+    b, o = plan.buffers[inp], plan.buffers[output]
+    writer = next((s.kernel for s in plan.steps if output in s.writes), None)
+    if writer is None or b.readers != [writer.name]:
+        return f"'{inp}' is read by {', '.join(b.readers) or 'no kernel'}, not only by the kernel that stores '{output}'"
+    if writer.kind != "gemm" or inp in (writer.a, writer.b):
+        return f"kernel '{writer.name}' reads '{inp}' as a gemm operand or outside an epilogue"
+    reads = [v for v in writer.values if P.prim(v.op).reads and v.attrs[P.prim(v.op).reads] == inp]
+    if any(v.kind is not Kind.TILE or "period" in v.attrs for v in reads):
+        return f"kernel '{writer.name}' reads '{inp}' other than as a tile at the position it stores"
+    if (b.torch_dtype, b.shape) != (o.torch_dtype, o.shape):
+        return f"'{inp}' ({b.torch_dtype}{list(b.shape)}) and '{output}' ({o.torch_dtype}{list(o.shape)}) differ"
+    return None
+
+
 def in_place(program: Program, buffers: dict[str, Buffer]) -> dict[str, str]:
     """Tiles a row combine kernel finishes in place (pre -> finished): where a gemm stores a tile that
     only the combine kernel after it reads, and that kernel stores a tile of the same dtype and shape

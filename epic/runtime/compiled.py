@@ -20,10 +20,10 @@ from ..codegen import emit
 from ..diagnostics import EpicError, error
 from ..ir.core import Tensor
 from ..plan import planner
-from . import background, binding, build, custom_op, derived, executable, fastcall, graphs
+from . import background, binding, build, custom_op, derived, executable, fastcall, given_outputs, graphs
 from . import tuning_db as database
 from .kernels import Kernels
-from .validate import check_meaning, signature, validate
+from .validate import check_meaning, signature, solve, validate
 
 
 FALLBACKS = ("never", "auto", "eager", "compiled")
@@ -168,7 +168,8 @@ class CompiledProgram:
         return reference.run(self.analysis.source_program, tensors, exact=exact)
 
     # ------------------------------------------------------------------ running
-    def __call__(self, *positional, poison: bool = False, keep: bool = False, **args) -> dict[str, torch.Tensor]:
+    def __call__(self, *positional, poison: bool = False, keep: bool = False, out: dict | None = None,
+                 **args) -> dict[str, torch.Tensor]:
         """Run the program; returns its outputs by name.
         poison=True fills every output and buffer with NaN (a sentinel for integers) before launching,
             so that elements the kernels fail to write show up;
@@ -179,11 +180,15 @@ class CompiledProgram:
         Executable; later calls with the same signature re-check alignment and scalar values (pointers
         change, layouts do not), in the compiled call path (runtime/fastcall.py) where it is available.
         Where the unfused torch form runs (fallback=...), poison has nothing to fill and keep returns the
-        outputs only: that form has no buffers between its ops that the plan names."""
+        outputs only: that form has no buffers between its ops that the plan names.
+        out={name: tensor} writes those outputs into the given tensors (runtime/given_outputs.py says
+            which: one may be an input that the output overwrites in place, e.g. a running sum)."""
         if positional:
             raise error("E601", f"a compiled program takes its tensors and scalars by name, got {len(positional)} "
                         "positional argument(s)", None, "call it as prog(" + ", ".join(
                             f"{t.name}=..." for t in self.inputs) + ")")
+        if out is not None:
+            return self._call_into(out, poison, keep, args)
         if self.fallback in ("eager", "compiled"):
             return self.unfused(compiled=self.fallback == "compiled", **args)
         fast = self._fast
@@ -202,6 +207,23 @@ class CompiledProgram:
         return chosen.run(args, binding.scalar_values(self._scalar_inputs, args), _current_stream(chosen.device),
                           self._derived, poison_buffers=poison, keep=bool(keep),
                           launcher=fast if id(chosen) in self._fast_ids else None)
+
+    def _call_into(self, out: dict, poison: bool, keep: bool, args: dict) -> dict[str, torch.Tensor]:
+        """A call whose outputs `out` names go into the tensors given (the Python launch path)."""
+        chosen = None if self.fallback in ("eager", "compiled") else self._choose(args)
+        if chosen is None or isinstance(chosen, _Unfused):     # the torch form checks its arguments itself
+            got = self.unfused(compiled=self.fallback == "compiled" if chosen is None else chosen.compiled, **args)
+            tensors = {t.name: args[t.name] for t in self.inputs if not t.is_scalar}
+            device = next(iter(tensors.values())).device
+            sizes = solve(self.program, {n: tuple(x.shape) for n, x in tensors.items()}, indexable=False)
+            given_outputs.check(self.plan(sizes, device), [t.name for t in self.outputs], device, tensors, out)
+            for name, x in out.items():
+                x.copy_(got[name])
+            return {**got, **out}
+        given_outputs.check(chosen.plan, chosen.outputs, chosen.device,
+                            {n: args[n] for n in chosen.tensor_names}, out)
+        return chosen.run(args, binding.scalar_values(self._scalar_inputs, args), _current_stream(chosen.device),
+                          self._derived, poison_buffers=poison, keep=bool(keep), into=out)
 
     def _choose(self, args: dict):
         """The policy of this call's signature: its Executable (the fused kernels), or an _Unfused

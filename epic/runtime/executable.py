@@ -129,12 +129,14 @@ class Executable:
                           for _, vectors, matrix in self.derived]
 
     def run(self, args: dict, scalars: dict, stream: int, derived_cache, *, poison_buffers: bool = False,
-            keep: bool = False, launcher=None) -> dict[str, torch.Tensor]:
+            keep: bool = False, launcher=None, into: dict | None = None) -> dict[str, torch.Tensor]:
         """One call: the host step, then the launches; the outputs (keep: every buffer) by name.
         launcher: a compiled Launcher this table was registered with (fastcall.register); it runs
-        the launches unless buffers are to be poisoned or it no longer holds the table."""
+        the launches unless buffers are to be poisoned, outputs go into given tensors (into: output
+        name -> tensor, checked by runtime/given_outputs.py) or it no longer holds the table."""
         inputs = self.inputs(args, derived_cache)
-        if launcher is not None and not poison_buffers:
+        into = into or {}
+        if launcher is not None and not poison_buffers and not into:
             got, failed, rc, out = launcher.run(inputs, [float(scalars[n]) for n in self.scalar_names], stream, keep)
             if failed >= 0:
                 raise self.launches[failed].library.launch_error(rc)
@@ -144,6 +146,11 @@ class Executable:
         arena = torch.empty(self.arena, dtype=torch.uint8, device=self.device) if self.has_arena else None
         for b, offset in zip(self.allocations, self.offsets):
             dtype = getattr(torch, b.torch_dtype)
+            if b.name in into:             # written in place where it is an input too: never poisoned
+                table[b.name] = into[b.name]
+                if poison_buffers and not any(into[b.name].data_ptr() == x.data_ptr() for x in inputs):
+                    poison(into[b.name])
+                continue
             if offset < 0:
                 x = torch.empty(b.shape, dtype=dtype, device=self.device)
             else:
