@@ -126,7 +126,6 @@ class FusedLoss:
             del part
         return out
 
-
     def _in_place_sums(self, feed: dict) -> list[str]:
         """The gradients the later chunks' program may write over their running sums (the dW gemm
         reads the sum only in its epilogue, at the position it stores: planner.overwrite_problem)."""
