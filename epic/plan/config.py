@@ -166,13 +166,10 @@ SMALL_M = [KernelConfig("pingpong", (64, 64, 64), (1, 1))]
 # against 64x64): cross entropy (N = 128256) 0.950 / 1.004, gate/up identity (28672) 1.002 / 1.023,
 # SwiGLU 1.013 / 1.025; at N = 14336 the two are within the noise (bias + GELU 1.011 / 1.016).
 SMALL_M_WIDE = [KernelConfig("pingpong", (64, 128, 64), (1, 1))]
-# Tiles 192 wide where they cover N with at most 1% of empty columns (N = 6144, 14336, 28672, 128256;
-# not 4096, a third of whose last column of tiles would be empty). Against pingpong 128x128, with the
-# swizzle that pads no tiles (fitting_swizzle), bench/results/2026-12-02-h200-interleaved-wide-tiles.json:
-#   N = 14336 bias + GELU 0.979 / 0.989, identity 0.972 / 0.971; N = 4096 identity 1.010 / 0.983,
-#   residual + RMSNorm 1.052 / 1.012; and 2026-12-01-h200-interleaved-configs.json (then with swizzle 8):
-#   N = 6144 identity 0.974 / 0.989, RoPE 0.982 / 0.991; N = 28672 SwiGLU 1.002 / 1.259; N = 128256
-#   cross entropy 0.972 / 0.997.
+# Tiles 192 wide where they cover N with at most 1% of empty columns (N = 6144, 14336, 28672, 128256):
+# a wider tile reads each A tile fewer times; where a third of the last column of tiles would be empty
+# (N = 4096) the empty part costs more (bench/results/2026-12-02-h200-interleaved-wide-tiles.json and
+# 2026-12-01-h200-interleaved-configs.json).
 WIDE_N = [KernelConfig("pingpong", (128, 192, 64), (2, 1), swizzle=8)]
 WIDE = 16384      # decode (M <= 256) takes 64x128 tiles above this N
 
@@ -254,10 +251,10 @@ def padded_tiles(cfg: KernelConfig, m: int, n: int, swizzle: int) -> int:
 
 
 def fitting_swizzle(cfg: KernelConfig, m: int, n: int) -> int:
-    """The largest swizzle up to the configuration's that pads the tile grid no more than swizzle 1.
-    At M = 8192, N = 28672 on 128x192 tiles, swizzle 8 rounds 150 tile columns up to 152 (1.3% more
-    tiles, 2.7% more time); swizzle 2 pads none and was 2.7% faster, while at N = 14336 (112 columns)
-    swizzle 8 stays best (bench/results/2026-12-02-h200-interleaved-swizzle.json)."""
+    """The largest swizzle up to the configuration's that pads the tile grid no more than swizzle 1:
+    a padding tile costs a wave slot like a real one (swizzle 8 turns 150 columns of 128x192 tiles at
+    N = 28672 into 152), while a larger swizzle keeps more of a wave's operands in L2 where it pads
+    nothing (docs/PERFORMANCE.md, "The tile scheduler's swizzle pads the grid")."""
     least = padded_tiles(cfg, m, n, 1)
     return next(s for s in (8, 4, 2, 1) if s <= cfg.swizzle and padded_tiles(cfg, m, n, s) == least) \
         if cfg.swizzle > 1 else cfg.swizzle
