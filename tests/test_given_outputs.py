@@ -61,6 +61,9 @@ def _check(later, given, args=None):
     ({"d_w": torch.empty(392, 200)}, "E603", "torch.float32"),
     ({"d_w": torch.empty(200, 392, dtype=torch.bfloat16).t()}, "E605", "not contiguous"),
     ({"d_w": "a tensor"}, "E611", "must be a dense torch.Tensor"),
+    ({"d_w": torch.zeros(392, 200).to_sparse()}, "E611", "must be a dense torch.Tensor"),
+    ({"d_w": torch.zeros(392, 200, dtype=torch.bfloat16, requires_grad=True)}, "E611", "requires grad"),
+    ({"d_w": torch.empty(392, 200, dtype=torch.bfloat16, device="meta")}, "E604", "is on meta"),
     ([1, 2], "E611", "takes a dict"),
 ])
 def test_a_bad_given_output_is_refused_before_anything_runs(later, given, code, words):

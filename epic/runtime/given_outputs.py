@@ -37,6 +37,10 @@ def check(plan: planner.Plan, outputs: list[str], device, inputs: dict[str, torc
         if not isinstance(x, torch.Tensor) or sizes_mod.not_dense(x):
             raise error("E611", f"out['{name}'] must be a dense torch.Tensor, got {type(x).__name__}", None,
                         f"pass torch.empty({list(b.shape)}, dtype=torch.{b.torch_dtype}, device=...)")
+        if x.requires_grad:
+            raise error("E611", f"out['{name}'] requires grad; an output written into a given tensor is not "
+                        "differentiable (as torch's out= arguments are not)", None,
+                        f"pass a tensor that does not require grad, e.g. {name}.detach()")
         if tuple(x.shape) != tuple(b.shape):
             raise error("E602", f"out['{name}'] has shape {list(x.shape)}; the output is {list(b.shape)}", None)
         if x.dtype != getattr(torch, b.torch_dtype):
@@ -44,7 +48,7 @@ def check(plan: planner.Plan, outputs: list[str], device, inputs: dict[str, torc
         if x.device != device:
             raise error("E604", f"out['{name}'] is on {x.device}, the inputs on {device}", None)
         if not x.is_contiguous():
-            raise error("E605", f"out['{name}'] is not contiguous", None, f"pass a contiguous tensor")
+            raise error("E605", f"out['{name}'] is not contiguous", None, "pass a contiguous tensor")
         if x.data_ptr() % 16:
             raise error("E606", f"out['{name}'] does not start on a 16-byte boundary (TMA)", None)
         for other, y in inputs.items():
