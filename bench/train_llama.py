@@ -1,12 +1,12 @@
 """Train a small random Llama on one GPU, the same initial weights, data and seed for each variant:
 HF eager (`hf`), HF + torch.compile of the whole model (`hf_compile`), HF patched by epic.integrations
-(`epic`: the fused kernels, fallback="never") and Liger (`liger`: apply_liger_kernel_to_llama on the
+(`epic`: the fused kernels, fallback="never"), the patched model under torch.compile (`epic_compile`) and Liger (`liger`: apply_liger_kernel_to_llama on the
 model; skipped with a note where it is not installed). Writes a JSON with each variant's loss curve,
 |loss - HF eager's loss| at each step and its maximum, the median step time after warm-up, peak memory
 (torch.cuda.max_memory_allocated) and, per parameter, the gradient after step 1 against HF eager's
 (max |g - g_hf| / max |g_hf|); prints a short table.
 
-  python bench/train_llama.py [--steps 50] [--layers 4] [--variants hf,hf_compile,epic,liger] [--chunk-rows N]
+  python bench/train_llama.py [--steps 50] [--layers 4] [--variants hf,hf_compile,epic,epic_compile,liger] [--chunk-rows N]
                               [--loss-policy fused|save] [--out F.json]
   python bench/train_llama.py --prebuild        # build epic's kernels for these sizes only (nvcc, no GPU)
   python bench/train_llama.py --device cpu ...  # a smoke run (epic's unfused torch form; no peak memory)
@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import epic.integrations  # noqa: E402
 from epic.integrations import programs  # noqa: E402
 
-VARIANTS = ("hf", "hf_compile", "epic", "liger")
+VARIANTS = ("hf", "hf_compile", "epic", "epic_compile", "liger")
 ALIASES = {"compile": "hf_compile"}       # the name older commands used
 
 
@@ -155,9 +155,11 @@ def make_model(cfg, init_state, variant, device, chunk_rows=None, loss_policy="f
     run = model
     if variant == "hf_compile":
         run = torch.compile(model)
-    elif variant == "epic":
+    elif variant in ("epic", "epic_compile"):
         epic.integrations.apply_epic_to_llama(model, fallback="never" if device == "cuda" else "eager",
                                               chunk_rows=chunk_rows, loss_policy=loss_policy)
+        if variant == "epic_compile":        # attention and the norms compiled, epic's programs as custom ops
+            run = torch.compile(model)
     elif variant == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_llama
         apply_liger_kernel_to_llama(model=model)
@@ -224,7 +226,7 @@ def main(argv=None) -> int:
                                                        "vocab", "seq", "batch", "lr", "seed", "chunk_rows",
                                                        "loss_policy", "device")},
               "variants_asked": args.variants}
-    if args.prebuild or ("epic" in args.variants and args.device == "cuda"):
+    if args.prebuild or ({"epic", "epic_compile"} & set(args.variants) and args.device == "cuda"):
         report["epic_build_s"] = build_epic_kernels(cfg, args.batch * args.seq, args.chunk_rows, args.loss_policy)
         print(f"epic kernels built in {report['epic_build_s']:.0f} s", flush=True)
         if args.prebuild:

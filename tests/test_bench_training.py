@@ -130,7 +130,8 @@ def test_train_llama_variants():
     tl = _load("train_llama")
     assert tl.parse_args(["--variants", "liger,hf_compile"]).variants == ["hf", "liger", "hf_compile"]
     assert tl.parse_args(["--variants", "compile"]).variants == ["hf", "hf_compile"], "the older name"
-    assert tl.parse_args([]).variants == ["hf", "hf_compile", "epic", "liger"] and tl.parse_args([]).steps == 50
+    assert tl.parse_args([]).variants == ["hf", "hf_compile", "epic", "epic_compile", "liger"]
+    assert tl.parse_args([]).steps == 50
     with pytest.raises(SystemExit) as e:
         tl.parse_args(["--variants", "hf,deepspeed"])
     assert e.value.code == 2

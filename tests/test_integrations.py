@@ -124,7 +124,11 @@ def test_gradient_checkpointing_recomputes_the_programs(monkeypatch):
     from epic.integrations import programs
     calls = []
     real = programs.decoder_mlp
-    monkeypatch.setattr(programs, "decoder_mlp", lambda *a: calls.append(a) or real(*a))
+
+    def counted(*a):                  # the program each layer keeps, its runs counted
+        program = real(*a)
+        return lambda **args: calls.append(a) or program(**args)
+    monkeypatch.setattr(programs, "decoder_mlp", counted)
     ref = _model()
     patched = apply_epic_to_llama(copy.deepcopy(ref), fallback="eager")
     for m in (ref, patched):
@@ -150,6 +154,24 @@ def test_parameters_and_state_dict_keys_are_unchanged():
     assert list(patched.state_dict()) == list(ref.state_dict())
     assert [n for n, _ in patched.named_parameters()] == [n for n, _ in ref.named_parameters()]
     patched.load_state_dict(ref.state_dict())          # a checkpoint of either loads into the other
+
+
+def test_the_whole_patched_model_trains_under_torch_compile():
+    """torch.compile of the whole model (attention compiled, epic's programs as custom ops): the same
+    loss and gradients as HuggingFace eager. aot_eager: Dynamo and AOTAutograd without a C++ build."""
+    ref = _model()
+    patched = copy.deepcopy(ref)
+    apply_epic_to_llama(patched, fallback="eager")
+    o_proj = patched.model.layers[0].self_attn.o_proj
+    assert o_proj.weight is patched.get_parameter("model.layers.0.self_attn.o_proj.weight")
+    compiled = torch.compile(patched, backend="aot_eager")
+    ids, labels = _batch()
+    want = _loss_and_grads(ref, ids, labels)
+    patched.zero_grad(set_to_none=True)
+    out = compiled(input_ids=ids, labels=labels)
+    out.loss.backward()
+    got = (out, {n: p.grad.detach().double().clone() for n, p in patched.named_parameters()})
+    _compare(want, got)
 
 
 def test_patching_the_classes_applies_to_models_made_afterwards(monkeypatch):

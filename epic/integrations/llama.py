@@ -10,7 +10,9 @@ Each decoder layer's o_proj + residual + post-attention RMSNorm + gate/up + SwiG
 runs as one program (programs.DECODER_MLP), and the LM head + cross entropy as another
 (programs.LM_HEAD_LOSS); their backward programs are derived by epic (epic.autograd). Attention, the
 input RMSNorm, the embedding and the final norm stay HuggingFace's. Parameters and state_dict keys
-are not changed: the interleaved gate/up operand is built from gate_proj and up_proj on each call.
+are not changed: the interleaved gate/up operand is built from gate_proj and up_proj on each call,
+and a patched instance's o_proj becomes a module holding the same weight whose forward returns its
+input (the program does o_proj), so that torch.compile of the whole model traces the layer.
 """
 from __future__ import annotations
 
@@ -68,11 +70,15 @@ def apply_epic(causal_cls: type, layer_cls: type, model=None, *, mlp: bool = Tru
         for layer in [mod for mod in model.modules() if isinstance(mod, layer_cls)]:
             _check_layer(layer)
             layer._epic_options = options
+            layer._epic_program = programs.decoder_mlp(_eps(layer.post_attention_layernorm), fallback)
+            if not isinstance(layer.self_attn.o_proj, _DeferredProjection):
+                layer.self_attn.o_proj = _DeferredProjection(layer.self_attn.o_proj)
             if not isinstance(layer, tuple(_FUSED.values())):
                 layer.__class__ = _fused_layer_class(type(layer))
     if cross_entropy:
         _check_lm_head(model)
         model._epic_options = options
+        model._epic_lm_head = programs.lm_head_loss(fallback, chunk_rows, loss_policy)
         model.forward = types.MethodType(_causal_lm_forward, model)
     return model
 
@@ -118,8 +124,25 @@ def _bf16(what: str, *tensors: torch.Tensor) -> None:
                         hint="convert the model with model.bfloat16() (or patch with mlp=False, cross_entropy=False)")
 
 
+class _DeferredProjection(torch.nn.Module):
+    """A patched instance's o_proj: the same weight (the same Parameter: state_dict keys, optimizers and
+    FSDP see no change) and a forward that returns its input, because the layer's program does o_proj.
+    A module set once, not a forward swapped around each self_attn call, so that torch.compile can
+    trace the layer."""
+
+    def __init__(self, linear: torch.nn.Module):
+        super().__init__()
+        self.weight = linear.weight
+        self.register_parameter("bias", None)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x):
+        return x
+
+
 class _Bypassed:
-    """o_proj returns its input while the fused layer runs self_attn: the program does o_proj."""
+    """With the classes patched (model=None), o_proj returns its input while the fused layer runs
+    self_attn: the program does o_proj."""
 
     def __init__(self, linear: torch.nn.Module):
         self.linear = linear
@@ -143,10 +166,13 @@ def _decoder_forward(self, hidden_states, **kwargs):
     _bf16("the decoder layer's input", hidden_states)
     _bf16("a decoder layer's weight", wo, norm.weight, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
     residual = hidden_states
-    with _Bypassed(self.self_attn.o_proj):
+    if isinstance(self.self_attn.o_proj, _DeferredProjection):
         attn = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)[0]
-    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
-    program = programs.decoder_mlp(float(eps), self._epic_options["fallback"])
+        program = self._epic_program
+    else:                       # the classes patched: no instance was prepared
+        with _Bypassed(self.self_attn.o_proj):
+            attn = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)[0]
+        program = programs.decoder_mlp(_eps(norm), self._epic_options["fallback"])
     # the [D, 2F] K-major gate/up operand: rows 2k, 2k+1 of the [2F, D] stack are gate_k, up_k
     wgu = torch.stack((mlp.gate_proj.weight, mlp.up_proj.weight), dim=1).reshape(-1, mlp.gate_proj.weight.shape[1]).t()
     d = residual.shape[-1]
@@ -154,6 +180,10 @@ def _decoder_forward(self, hidden_states, **kwargs):
                 wgu=wgu, wd=mlp.down_proj.weight.t())["y"]
     y = y.reshape(residual.shape)
     return (y,) if self._epic_options["layer_returns_tuple"] else y
+
+
+def _eps(norm) -> float:
+    return float(getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6))
 
 
 def _returns_tuple(forward) -> bool:
@@ -207,7 +237,8 @@ def lm_head_loss(model, hidden: torch.Tensor, labels: torch.Tensor | None, shift
     _bf16("the LM head's input", x)
     _bf16("lm_head.weight", model.lm_head.weight)
     options = model._epic_options
-    program = programs.lm_head_loss(options["fallback"], options["chunk_rows"], options.get("loss_policy", "fused"))
+    program = getattr(model, "_epic_lm_head", None) or \
+        programs.lm_head_loss(options["fallback"], options["chunk_rows"], options.get("loss_policy", "fused"))
     count = (label >= 0).sum() if num_items_in_batch is None else num_items_in_batch
     if torch.is_tensor(count):
         count = count.to(x.device)
