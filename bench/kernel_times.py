@@ -14,27 +14,16 @@ import os
 import statistics
 import sys
 
-import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from interleaved import candidates  # noqa: E402
+from profiling import cuda_events  # noqa: E402
 
 
 def kernels_per_call(fn, reps: int) -> list[list[tuple[str, float, float]]]:
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            flush.zero_()
-            torch.cuda.synchronize()
-            fn()
-            torch.cuda.synchronize()
+    events = cuda_events(fn, reps)
     calls, cur = [], None
-    evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                  and e.name != "Memset (Device)" and "Memcpy" not in e.name),
+    evs = sorted((e for e in events if e.name != "Memset (Device)" and "Memcpy" not in e.name),
                  key=lambda e: e.time_range.start)
     for e in evs:
         if "elementwise" in e.name or "fill" in e.name.lower():   # the flush opens a call

@@ -12,28 +12,17 @@ import collections
 import os
 import sys
 
-import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository: bench/ is a folder
 from bench import train_step  # noqa: E402
+from bench.profiling import cuda_events  # noqa: E402
 
 
 def kernel_times(run, reps: int) -> dict[str, tuple[int, float]]:
     """kernel name -> (launches per step, microseconds per step)."""
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
-    for _ in range(2):
-        run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            flush.zero_()
-            torch.cuda.synchronize()
-            run()
-            torch.cuda.synchronize()
     total: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type != torch.autograd.DeviceType.CUDA or "fill" in e.name.lower() and "elementwise" in e.name:
+    for e in cuda_events(run, reps, warmup=2):
+        if "fill" in e.name.lower() and "elementwise" in e.name:       # the flush
             continue
         total[e.name][0] += 1
         total[e.name][1] += e.device_time_total
