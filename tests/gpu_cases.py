@@ -77,7 +77,11 @@ SIZES = [(128, 256, 128), (256, 512, 256), (1, 392, 200), (77, 392, 200), (8191,
 # decode size (cooperative 128-row tiles, cluster 1x1); programs with row statistics, block stores and
 # chains also at a large size (cooperative 128x128, cluster 2x1: the heuristic's tile, cooperative for split-K).
 SPLIT_K = {"splits": 3}
-SPLIT_CASES = [(name, (77, 392, 200)) for name in PROGRAMS] + \
+# split-K's cooperative tile keeps a 1x256 block in one 128x256 epilogue subtile; with an f32 tile
+# stored beside it that subtile's buffers leave the mainloop one stage: E217 at plan time
+# (tests/test_void_d_smem.py)
+NO_SPLIT = {"tests/programs/half_width_quant.epi"}
+SPLIT_CASES = [(name, (77, 392, 200)) for name in PROGRAMS if name not in NO_SPLIT] + \
     [(name, (8191, 392, 200)) for name in ("samples/residual_rmsnorm.epi", "samples/fp8_block_quant.epi",
                                            "samples/qk_norm_rope.epi", "samples/prenorm_mlp.epi")]
 

@@ -175,6 +175,10 @@ def test_shared_memory_summed_over_nodes_is_the_old_tables(name):
     kernels = {k.name: k for k in prog.kernels if k.kind == "gemm"}
     assert set(kernels) == set(OLD[name])
     for kname, rows in OLD[name].items():
+        if any(p.role == "root" and not p.writes_d for p, _, _ in nodes.chosen(kernels[kname], prog.tensors)):
+            # a block-scale root writing its own bytes: the old table counted its bytes where CUTLASS
+            # stages a void D of the first aux element (tests/test_void_d_smem.py checks those by hand)
+            continue
         for schedule, tile, cluster, epi_tile, epi, stage in rows:
             cfg = C.KernelConfig(schedule, tuple(tile), tuple(cluster), epi_tile=tuple(epi_tile) if epi_tile else None)
             assert C.smem_estimate(kernels[kname], prog.tensors, cfg) == (epi, stage), (kname, cfg)

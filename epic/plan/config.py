@@ -125,7 +125,7 @@ def block_sizes(kernel) -> set[int]:
 # the estimate is their sum over the kernel's nodes. The plan only picks configurations that leave 2 stages.
 SMEM_BYTES = 232448          # the H100/H200 per-block limit (227 KiB)
 SMEM_RESERVE = 4096          # barriers, the tile scheduler, reduction scratch, row/column vectors
-VOID_D_BYTES = 2             # no store stages a subtile: CUTLASS still sizes D's, as bf16
+VOID_D_BYTES = 2             # a void D with no aux element registered: code generation names bf16
 
 
 def _epilogue_tile(cfg: KernelConfig, narrow_d: bool) -> tuple[int, int]:
@@ -143,9 +143,21 @@ def smem_estimate(kernel, tensors: dict, cfg: KernelConfig) -> tuple[int, int]:
     subtiles = (cfg.tile_m // em) * (cfg.tile_n // en)
     epi = epilogue.EpilogueTiling(em, en, min(subtiles, 2), min(subtiles, 4))
     total = sum(p.smem_bytes(ctx, item, epi) for p, ctx, item in nodes)
-    total += 0 if stores else em * en * epi.stages_d * VOID_D_BYTES
+    d_bytes = void_d_bytes(nodes)
+    total += 0 if d_bytes is None else em * en * epi.stages_d * d_bytes
     stage = (cfg.tile_m + cfg.tile_n) * cfg.tile[2] * tensors[kernel.a].dtype.bits // 8
     return int(total), stage
+
+
+def void_d_bytes(nodes) -> float | None:
+    """Bytes per element of D's staging buffer when no node writes D (None when one does): CUTLASS
+    still stages StagesD subtiles of a void D, of the DAG's ElementAux, which code generation sets to
+    the first aux element it registers -- the aux stores' in store order, then the root's -- or bf16."""
+    if any(p.writes_d for p, _, _ in nodes):
+        return None
+    registered = [p.aux_bytes(ctx, item) for p, ctx, item in nodes if p.role != "root"] + \
+                 [p.aux_bytes(ctx, item) for p, ctx, item in nodes if p.role == "root"]
+    return next((b for b in registered if b is not None), VOID_D_BYTES)
 
 
 def fits(kernel, tensors: dict, cfg: KernelConfig) -> bool:

@@ -52,6 +52,13 @@ class Pattern:
     # the collective's shared memory it takes: "d" (StagesD subtiles: D and aux stores), "c" (StagesC
     # subtiles: aux loads), None (none: registers, or global memory directly)
     stage: str | None = None
+    writes_d = False              # it stores the collective's D (else D is void, if no other node does)
+
+    @classmethod
+    def aux_bytes(cls, ctx, item) -> float | None:
+        """Bytes per accumulator element of the element type code generation registers as an aux
+        store's (the first registered sizes a void D's staging buffer); None: it registers none."""
+        return None
 
     @classmethod
     def matches(cls, ctx, item) -> bool:
@@ -194,6 +201,7 @@ def _tile_of(ctx, s, width, types=None) -> bool:
 
 class DStore(TileStore):
     role = "root"
+    writes_d = True
     covers = f"one tile of the accumulator's width in {', '.join(map(str, D_TYPES))} (the collective's D)"
     benefit = 22      # the collective's own store: before a container view of another width
 
@@ -204,6 +212,7 @@ class DStore(TileStore):
 
 class HalfWidthD(TileStore):
     role = "root"
+    writes_d = True
     covers = "a tile half as wide as the accumulator (swiglu) in bf16, f16 or f32, as D"
     benefit = 21
 
@@ -214,6 +223,7 @@ class HalfWidthD(TileStore):
 
 class DoubleWidthD(TileStore):
     role = "root"
+    writes_d = True
     covers = "a tile twice as wide as the accumulator (swiglu_bwd) in bf16 or f16, as D"
     benefit = 20
 
@@ -222,7 +232,15 @@ class DoubleWidthD(TileStore):
         return _tile_of(ctx, s, Fraction(2), SIXTEEN_BIT)
 
 
-class AuxStore(TileStore):
+class _TmaAuxStore(TileStore):
+    """An Sm90AuxStore: an [M, N] tile of one element type staged in shared memory and stored by TMA."""
+
+    @classmethod
+    def aux_bytes(cls, ctx, s) -> float | None:
+        return cls.staged_bytes(ctx, s)
+
+
+class AuxStore(_TmaAuxStore):
     covers = "extra tiles of the accumulator's width (TMA store)"
 
     @classmethod
@@ -230,7 +248,7 @@ class AuxStore(TileStore):
         return _tile_of(ctx, s, 1)
 
 
-class E8m0Store(TileStore):
+class E8m0Store(_TmaAuxStore):
     covers = "e8m0 tiles of the accumulator's width (their exponent bytes, TMA store)"
 
     @classmethod
@@ -238,7 +256,7 @@ class E8m0Store(TileStore):
         return _tile_of(ctx, s, 1, (dtypes.E8M0,))
 
 
-class HalfWidthAux(TileStore):
+class HalfWidthAux(_TmaAuxStore):
     covers = "extra tiles half as wide as the accumulator in bf16, f16 or f32"
 
     @classmethod
@@ -246,7 +264,7 @@ class HalfWidthAux(TileStore):
         return HalfWidthD.matches(ctx, s)
 
 
-class DoubleWidthAux(TileStore):
+class DoubleWidthAux(_TmaAuxStore):
     covers = "extra tiles twice as wide as the accumulator in bf16 or f16"
 
     @classmethod
@@ -317,16 +335,27 @@ class BlockScaleD(_BlockScale):
     covers = ("1xB block-scaled e4m3/e5m2/i8 tiles, q = x / s with s = max(block_amax(x, B), floor) / qmax "
               "(fp8_e4m3_scale, int8_block_scale), and their scales")
     types = QUANT_TYPES
+    writes_d = True
     benefit = 42     # a root that must be the root (it rewrites the subtile D is stored from)
 
 
-class BlockScaleInt4(_BlockScale):
+class _BlockScaleBytes(_BlockScale):
+    """A block-scale root that writes its quantized bytes to global memory itself: it stages nothing,
+    D is void, and code generation registers uint8_t (one byte) as its aux element."""
+    stage = None
+
+    @classmethod
+    def aux_bytes(cls, ctx, s) -> float | None:
+        return 1.0
+
+
+class BlockScaleInt4(_BlockScaleBytes):
     covers = "1xB block-scaled i4 tiles (int4_group_scale), packed two per byte, and their scales"
     types = PACKED_TYPES
     benefit = 41     # it stores the bytes itself: the root all the same
 
 
-class BlockScaleHalfWidth(_BlockScale):
+class BlockScaleHalfWidth(_BlockScaleBytes):
     covers = ("1xB block-scaled e4m3/e5m2/i8 tiles half as wide as the accumulator (swiglu's output), "
               "stored one byte per column pair, and their scales")
     types = QUANT_TYPES
@@ -380,6 +409,7 @@ def match_block_root(ctx, s):
 
 class BlockReduceScale(TileStore):
     role = "root"
+    writes_d = True
     covers = ("a tile times (or divided by) a function of one 1xB block reduction of a tile, e.g. QK-norm's "
               "h * rsqrt(block_mean(h * h, Dh) + eps) (bf16/f16/f32/e4m3/e5m2 outputs), and that block value; "
               "also selected against a tile without it (select(col < n, head_rmsnorm(acc, g, 128), acc))")
