@@ -1,6 +1,7 @@
 """Build, on a CPU machine, every kernel the GPU tests and the benchmark need, into the cache
-($EPIC_CACHE_DIR): `EPIC_CACHE_DIR=.epic-cache python -m tests.prebuild [PROGRAM ...]` (programs as
-tests/gpu_cases.py names them: only theirs). The device run then
+($EPIC_CACHE_DIR): `EPIC_CACHE_DIR=.epic-cache python -m tests.prebuild [--all] [PROGRAM ...]` (programs
+as tests/gpu_cases.py names them: only theirs; --all: the derived-backward and autograd tests' kernels
+too, in the same parallel batch, so no core idles between three batches' tails). The device run then
 carries .epic-cache and builds nothing (docs/GPU.md)."""
 import sys
 
@@ -18,6 +19,8 @@ ROWS = (64, 8192)
 def main(only: list[str] | None = None) -> int:
     """only: build for these programs alone (paths as in gpu_cases.PROGRAMS), e.g. to re-test some on a device."""
     only = only if only is not None else sys.argv[1:]
+    training = "--all" in only
+    only = [o for o in only if o != "--all"]
     units = []
     cases = [(name, size, None) for name in PROGRAMS for size in SIZES] + \
         [(name, (m, 0, 0), None) for name in EXTRA for m in ROWS] + \
@@ -36,6 +39,9 @@ def main(only: list[str] | None = None) -> int:
         overrides = {"split": split_k_config, "fold": fold_config}[variant](prog.program) if variant else None
         configs = emit.kernel_configs(prog.program, sizes["M"], overrides, sizes)
         units += [u for _, u in emit.units(prog.program, configs)]
+    if training:
+        from . import test_gpu_autograd, test_gpu_grad
+        units += test_gpu_grad.units() + test_gpu_autograd.units()
     unique = {u.name + str(hash(u.source)): u for u in units}
     for p in build.build_all(list(unique.values())):
         print(p)
