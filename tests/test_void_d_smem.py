@@ -71,3 +71,11 @@ def test_split_k_of_that_program_is_refused_at_plan_time_not_by_nvcc():
 def test_a_byte_writing_root_alone_stages_a_one_byte_void_d(path, kernel, cfg, want):
     program = epic.compile(str(ROOT / path)).program
     assert C.smem_estimate(program.kernel(kernel), program.tensors, cfg)[0] == want
+
+
+def test_cutlass_s_automatic_subtile_follows_a_void_d_s_element():
+    # only a packed i4 store (written by its own node): D is void, of bf16 (no aux element registered),
+    # so CUTLASS's automatic subtile is 64x32 as for a bf16 D -- 4 subtiles of a 64x128 tile, 2 staged
+    program = epic.compile("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out p: i4 = acc\n}\n").program
+    cfg = C.KernelConfig("pingpong", (64, 128, 64))
+    assert C.smem_estimate(program.kernel("g"), program.tensors, cfg)[0] == 64 * 32 * 2 * 2

@@ -139,11 +139,13 @@ def smem_estimate(kernel, tensors: dict, cfg: KernelConfig) -> tuple[int, int]:
     """(epilogue bytes, bytes of one mainloop stage) of this gemm at this configuration."""
     nodes = epilogue.chosen(kernel, tensors)
     stores = [(p, ctx, s) for p, ctx, s in nodes if p.stage == "d"]    # in store order: the first decides the subtile
-    em, en = _epilogue_tile(cfg, bool(stores) and stores[0][0].staged_bytes(*stores[0][1:]) <= 1)
+    d_bytes = void_d_bytes(nodes)
+    # CUTLASS's automatic subtile follows D's element, a void D's being the DAG's ElementAux
+    narrow = d_bytes <= 1 if d_bytes is not None else bool(stores) and stores[0][0].staged_bytes(*stores[0][1:]) <= 1
+    em, en = _epilogue_tile(cfg, narrow)
     subtiles = (cfg.tile_m // em) * (cfg.tile_n // en)
     epi = epilogue.EpilogueTiling(em, en, min(subtiles, 2), min(subtiles, 4))
     total = sum(p.smem_bytes(ctx, item, epi) for p, ctx, item in nodes)
-    d_bytes = void_d_bytes(nodes)
     total += 0 if d_bytes is None else em * en * epi.stages_d * d_bytes
     stage = (cfg.tile_m + cfg.tile_n) * cfg.tile[2] * tensors[kernel.a].dtype.bits // 8
     return int(total), stage
