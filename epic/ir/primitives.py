@@ -566,10 +566,13 @@ _MAX = dict(ref=lambda x, d: _ignoring_nan(x, -math.inf).amax(d, keepdim=True),
             ref_merge=lambda s, d: s.amax(d, keepdim=True), cxx_merge="{a0} = fmaxf({a0}, {x0});",
             cxx_op="cutlass::maximum")
 
-def _at_extreme(b, g):
-    # the elements equal to the max (min) get the gradient: a tie gives it to each of them (torch splits
-    # it evenly; ties have measure zero for continuous inputs)
-    return b.where(b.cmp("eq", b.x(0), b.y), g)
+def _at_extreme(b, g, of=lambda b, x: x, times=None):
+    # the elements at the max (min) share the gradient evenly, as torch's amax does: with bf16 or rounded
+    # inputs a row's max is often tied, and giving each tie all of it would count it k times
+    at = b.cmp("eq", of(b, b.x(0)), b.y)
+    ties = b.op(b.v.op, b.where(at, b.c(1.0)), **{**b.v.attrs, "fn": "sum"})
+    share = b.div(g, ties)
+    return b.where(at, share if times is None else b.mul(share, times(b, b.x(0))))
 
 
 REDUCTIONS: dict[str, Reduction] = {r.name: r for r in (
@@ -583,7 +586,7 @@ REDUCTIONS: dict[str, Reduction] = {r.name: r for r in (
               ref_merge=lambda s, d: s.amin(d, keepdim=True), cxx_merge="{a0} = fminf({a0}, {x0});",
               cxx_finalize="{a0}", cxx_op="cutlass::minimum", vjp=_at_extreme, doc="smallest value (NaN ignored)"),
     Reduction("amax", (0.0,), cxx_finalize="{a0}", pre="abs",
-              vjp=lambda b, g: b.where(b.cmp("eq", b.op("abs", b.x(0)), b.y), b.mul(g, b.op("sign", b.x(0)))),
+              vjp=lambda b, g: _at_extreme(b, g, of=lambda b, x: b.op("abs", x), times=lambda b, x: b.op("sign", x)),
               doc="largest absolute value, max(abs(x)) (NaN ignored)",
               **dict(_MAX, ref=lambda x, d: _ignoring_nan(x.abs(), 0.0).amax(d, keepdim=True))),
     Reduction("lse", (-math.inf, 0.0), ref=lambda x, d: torch.logsumexp(x, d, keepdim=True),
