@@ -1,8 +1,11 @@
 """Build, on a CPU machine, every kernel the GPU tests and the benchmark need, into the cache
-($EPIC_CACHE_DIR): `EPIC_CACHE_DIR=.epic-cache python -m tests.prebuild [--all] [PROGRAM ...]` (programs
-as tests/gpu_cases.py names them: only theirs; --all: the derived-backward and autograd tests' kernels
-too, in the same parallel batch, so no core idles between three batches' tails). The device run then
-carries .epic-cache and builds nothing (docs/GPU.md)."""
+($EPIC_CACHE_DIR): `EPIC_CACHE_DIR=.epic-cache python -m tests.prebuild [--all] [--shard K/N] [PROGRAM ...]`
+(programs as tests/gpu_cases.py names them: only theirs; --all: the derived-backward and autograd
+tests' kernels too, in the same parallel batch, so no core idles between three batches' tails; --shard:
+the K-th of N fixed parts of the kernels, so a CPU machine can build some while the device builds the
+rest). The device run then carries .epic-cache and builds nothing (docs/GPU.md)."""
+import argparse
+import hashlib
 import sys
 
 import epic
@@ -16,11 +19,28 @@ EXTRA = {"bench/programs/plain.epi": lambda m, n, k: dict(M=m, K=4096, N=4096)}
 ROWS = (64, 8192)
 
 
-def main(only: list[str] | None = None) -> int:
-    """only: build for these programs alone (paths as in gpu_cases.PROGRAMS), e.g. to re-test some on a device."""
-    only = only if only is not None else sys.argv[1:]
-    training = "--all" in only
-    only = [o for o in only if o != "--all"]
+def _shard(text: str) -> tuple[int, int]:
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise argparse.ArgumentTypeError(f"{text!r}: write K/N with 1 <= K <= N, e.g. 1/3")
+    return int(k), int(n)
+
+
+def in_shard(unit, shard: tuple[int, int]) -> bool:
+    """Whether a kernel is in part K of N: by a hash of its name and source, so a part keeps its
+    kernels when others are added."""
+    k, n = shard
+    digest = hashlib.sha256((unit.name + "\0" + unit.source).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % n == k - 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.prebuild", description=__doc__.splitlines()[0])
+    ap.add_argument("programs", nargs="*", help="only these programs' kernels (paths as in tests/gpu_cases.py)")
+    ap.add_argument("--all", action="store_true", help="also the derived-backward and autograd tests' kernels")
+    ap.add_argument("--shard", type=_shard, default=(1, 1), metavar="K/N", help="build part K of N")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    only, training = args.programs, args.all
     units = []
     cases = [(name, size, None) for name in PROGRAMS for size in SIZES] + \
         [(name, (m, 0, 0), None) for name in EXTRA for m in ROWS] + \
@@ -42,7 +62,7 @@ def main(only: list[str] | None = None) -> int:
     if training:
         from . import test_gpu_autograd, test_gpu_grad
         units += test_gpu_grad.units() + test_gpu_autograd.units()
-    unique = {u.name + str(hash(u.source)): u for u in units}
+    unique = {u.name + str(hash(u.source)): u for u in units if in_shard(u, args.shard)}
     for p in build.build_all(list(unique.values())):
         print(p)
     from epic.runtime import fastcall
