@@ -10,6 +10,8 @@ over rounds of its time / cuBLAS's time in the same round, printed with the quar
   python bench/interleaved.py --work plain,bias_gelu --rows 8192 \
       --configs coop_128x256x64_c2x1_s8,coop_256x128x64_c1x2_s8 [--rounds 200] [--calls] [--out F]
 
+A configuration named `tuned` runs `epic tune` at the work's shape first and times its winners.
+
 --calls times epic through its call path (`prog(**inputs)`) instead of graph replays, and cuBLAS as
 `x @ w` calls; each run then starts on an idle GPU (synchronized after the flush), so the host's time
 to issue the launches is inside the events.
@@ -22,6 +24,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -44,12 +47,30 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False):
     gemms = [k.name for k in base.program.kernels if k.kind == "gemm"]
     for label in ["default"] + configs:
         try:
-            prog = base if label == "default" else epic.compile(
-                os.path.join(ROOT, path), {g: parse_config(label) for g in gemms})
+            if label == "tuned":      # what `epic tune` picks at this shape, timed beside the rest
+                config = tuned_config(base, path, inputs)
+                print(f"  {name} M={m} tuned: {config}", flush=True)
+            else:
+                config = {g: parse_config(label) for g in gemms} if label != "default" else None
+            prog = base if config is None else epic.compile(os.path.join(ROOT, path), config)
             out.append((label, wrap(lambda p=prog: p(**inputs))))
         except Exception as e:   # a configuration this program cannot take: say why, time the rest
             print(f"  {name} M={m} {label}: {str(e).splitlines()[0][:160]}", flush=True)
     return out
+
+
+def tuned_config(prog, path: str, inputs: dict) -> dict:
+    """`epic tune`'s winners for this program at these inputs' sizes (its own database file, so the
+    default candidate stays the heuristic's)."""
+    import tempfile
+
+    from epic.runtime import validate
+    from epic.tuning import tuner
+    shapes = {k: tuple(v.shape) for k, v in inputs.items() if hasattr(v, "shape") and v.dim() > 0}
+    sizes = validate.solve(prog.program, shapes, indexable=True)
+    with tempfile.TemporaryDirectory() as d:
+        return tuner.tune(os.path.join(ROOT, path), sizes, database_file=Path(d) / "tuning.json",
+                          report=lambda *a, **k: None).configs
 
 
 def rounds(cands, n: int, batch: int = 10, idle: bool = False) -> dict[str, list[float]]:
