@@ -6,6 +6,7 @@ H200 to half_width_quant.epi's 128x256 pingpong tile at M = 8191 (an f32 aux sto
 import glob
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 import epic
 from epic.diagnostics import EpicError
@@ -13,6 +14,7 @@ from epic.codegen import emit
 from epic.plan import config as C, epilogue
 
 from .conftest import ROOT
+from .progen import program as random_program
 
 BYTES = {"uint8_t": 1, "uint16_t": 2, "float": 4, "cutlass::bfloat16_t": 2, "cutlass::half_t": 2,
          "cutlass::float_e4m3_t": 1, "cutlass::float_e5m2_t": 1, "int8_t": 1, "int32_t": 4}
@@ -35,6 +37,25 @@ def test_the_estimate_sizes_a_void_d_as_code_generation_declares_it(path):
         nodes = epilogue.chosen(program.kernel(spec.name), program.tensors)
         want = None if spec.element_d != "void" else BYTES[spec.aux_element]
         assert C.void_d_bytes(nodes) == want, (spec.name, spec.element_d, spec.aux_element)
+
+
+def _agrees(text_or_path, m):
+    try:
+        program, specs = _specs(text_or_path, m)
+    except EpicError:
+        return                      # what code generation refuses, it says so itself
+    for spec in specs:
+        nodes = epilogue.chosen(program.kernel(spec.name), program.tensors)
+        want = None if spec.element_d != "void" else BYTES[spec.aux_element]
+        assert C.void_d_bytes(nodes) == want, (spec.name, spec.element_d, spec.aux_element)
+
+
+# derandomize: the same examples every run (--hypothesis-seed=random explores further)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(random_program())
+def test_random_programs_agree_with_code_generation_on_whether_d_is_written(text):
+    for m in (64, 8192):
+        _agrees(text, m)
 
 
 def test_an_f32_aux_store_before_a_byte_root_sizes_d_at_two_bytes_per_element():
