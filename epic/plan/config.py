@@ -157,9 +157,8 @@ def void_d_bytes(nodes) -> float | None:
     the first aux element it registers -- the aux stores' in store order, then the root's -- or bf16."""
     if any(p.writes_d for p, _, _ in nodes):
         return None
-    registered = [p.aux_bytes(ctx, item) for p, ctx, item in nodes if p.role != "root"] + \
-                 [p.aux_bytes(ctx, item) for p, ctx, item in nodes if p.role == "root"]
-    return next((b for b in registered if b is not None), VOID_D_BYTES)
+    in_order = sorted(nodes, key=lambda n: n[0].role == "root")       # stable: the root emits last
+    return next((b for p, ctx, item in in_order if (b := p.aux_bytes(ctx, item)) is not None), VOID_D_BYTES)
 
 
 def fits(kernel, tensors: dict, cfg: KernelConfig) -> bool:
