@@ -25,6 +25,7 @@ A new candidate is a builder in CE or MLP below: a function of the operands that
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -64,6 +65,8 @@ class Result:
     rounds: int
     median_ms: dict = field(default_factory=dict)
     ratio_to_cublas: dict = field(default_factory=dict)
+    ratio_quartiles: dict = field(default_factory=dict)    # (25th, 75th percentile) of the per-round ratios
+    round_ms: dict = field(default_factory=dict)           # every round's time, in the rounds' order
     peak_extra_bytes: dict = field(default_factory=dict)
     check: dict = field(default_factory=dict)
     notes: dict = field(default_factory=dict)
@@ -282,10 +285,12 @@ def _snapshot(step: Step, leaves, device: str):
 def _time_once(fn, device: str, flush) -> float:
     """ms for one run, started on an idle device (the host's time to issue it counts)."""
     if device != "cuda":
+        gc.collect()
         t = time.perf_counter()
         fn()
         return 1e3 * (time.perf_counter() - t)
     flush.zero_()
+    gc.collect()          # a collection due now would land in this step's host time: taken before it starts
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -349,8 +354,19 @@ def run(work: str, m: int, rounds: int, names=CANDIDATES, device: str = "cuda", 
             times[n].append(_time_once(steps[n].run, device, flush))
     _zero_grads(o.leaves)
     res.median_ms = {n: statistics.median(t) for n, t in times.items()}
-    res.ratio_to_cublas = {n: statistics.median(t / c for t, c in zip(times[n], times["cublas"])) for n in order}
+    ratios = {n: [t / c for t, c in zip(times[n], times["cublas"])] for n in order}
+    res.ratio_to_cublas = {n: statistics.median(r) for n, r in ratios.items()}
+    res.ratio_quartiles = {n: _quartiles(r) for n, r in ratios.items()}
+    res.round_ms = times
     return res
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    """The 25th and 75th percentiles: how far one run's rounds spread around the median."""
+    if len(values) < 2:
+        return (values[0], values[0])
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return (q[0], q[2])
 
 
 def report(r: Result) -> str:
@@ -358,7 +374,9 @@ def report(r: Result) -> str:
     for n in r.median_ms:
         peak = r.peak_extra_bytes.get(n)
         check = "  check " + " ".join(f"{k} {v:.1e}" for k, v in r.check[n].items()) if n in r.check else ""
-        lines.append(f"  {n:<9} {r.median_ms[n]:8.2f} ms  x{r.ratio_to_cublas[n]:.3f} of cuBLAS  peak extra "
+        lo, hi = r.ratio_quartiles.get(n, (r.ratio_to_cublas[n],) * 2)
+        lines.append(f"  {n:<9} {r.median_ms[n]:8.2f} ms  x{r.ratio_to_cublas[n]:.3f} of cuBLAS "
+                     f"(rounds' middle half {lo:.3f}-{hi:.3f})  peak extra "
                      + (f"{peak / 2**30:.2f} GiB" if peak is not None else "-") + check)
     lines += [f"  note {n}: {t}" for n, t in r.notes.items()]
     return "\n".join(lines)

@@ -292,3 +292,13 @@ def test_a_part_that_does_not_belong_is_refused(tmp_path):
     install = _sh("peers_install.sh", env)
     assert install.returncode == 1 and "does not match its sha256" in install.stderr, install.stdout + install.stderr
     assert not (pq / "site-packages").exists()
+
+
+def test_the_report_shows_how_far_the_rounds_spread():
+    r = _run("ce", ["eager"], rounds=4)
+    assert len(r.round_ms["eager"]) == 4 == len(r.round_ms["cublas"])
+    ratios = sorted(t / c for t, c in zip(r.round_ms["eager"], r.round_ms["cublas"]))
+    lo, hi = r.ratio_quartiles["eager"]
+    assert ratios[0] <= lo <= r.ratio_to_cublas["eager"] <= hi <= ratios[-1]
+    assert ts._quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 4.0)
+    assert "rounds' middle half" in ts.report(r)
