@@ -86,6 +86,35 @@ SPLIT_CASES = [(name, (77, 392, 200)) for name in PROGRAMS if name not in NO_SPL
                                            "samples/qk_norm_rope.epi", "samples/prenorm_mlp.epi")]
 
 
+# Sizes GPU tests use besides SIZES, as (program, sizes): tests/prebuild.py builds their kernels too
+XENT_SIZES = [(64, 128256), (333, 50304), (8, 1000)]      # (M, V) of test_cross_entropy_without_logits, D = 256
+XENT_D = 256
+QUANT_SIZES = [(77, 512, 200), (300, 768, 136), (8191, 1024, 256)]    # (M, N, K) of the quantizer test
+DETERMINISM_CASES = [("samples/residual_rmsnorm.epi", dict(M=333, D=392)),
+                     ("samples/cross_entropy.epi", dict(M=333, D=200, V=392)),
+                     ("samples/fp8_block_quant.epi", dict(M=333, D=200, N=512)),
+                     ("tests/programs/whole_tensor.epi", dict(M=8191, K=200, N=392, P=200))]
+MEMCHECK_CASES = [("samples/residual_rmsnorm.epi", dict(M=77, D=392)),
+                  ("samples/cross_entropy.epi", dict(M=77, D=200, V=392)),
+                  ("samples/fp8_block_quant.epi", dict(M=77, D=200, N=512)),
+                  ("samples/int4_pack.epi", dict(M=77, D=200, N=512)),
+                  ("samples/swiglu_bwd.epi", dict(M=77, D=200, F=200)),
+                  ("samples/prenorm_mlp.epi", dict(M=77, D=392, F=200))]
+TORCH_COMPILE_CASE = ("samples/bias_gelu.epi", dict(M=64, K=128, N=256))
+HF_BLOCK_CASE = ("samples/prenorm_mlp.epi", dict(M=256, D=4096, F=14336))     # a Llama-3-8B block
+MX_ROWS = [64, 77, 8192]
+MX_K, MX_N = 64, 128          # x [M, K] @ w [K, N]: each program's name for K
+MX_PROGRAMS = {"tests/programs/mx_formats.epi": "K", "samples/mxfp8_block_quant.epi": "D"}
+
+
+def own_size_cases() -> list[tuple[str, dict]]:
+    """Every (program, sizes) above."""
+    return [("samples/cross_entropy.epi", dict(M=m, D=XENT_D, V=v)) for m, v in XENT_SIZES] + \
+        [("tests/programs/quant_exposed.epi", dict(M=m, K=k, N=n)) for m, n, k in QUANT_SIZES] + \
+        DETERMINISM_CASES + MEMCHECK_CASES + [TORCH_COMPILE_CASE, HF_BLOCK_CASE] + \
+        [(name, {"M": m, k: MX_K, "N": MX_N}) for name, k in MX_PROGRAMS.items() for m in MX_ROWS]
+
+
 def split_k_config(program) -> dict:
     return {k.name: dict(SPLIT_K) for k in program.kernels if k.kind == "gemm"}
 

@@ -12,7 +12,7 @@ import epic
 from epic.codegen import emit
 from epic.runtime import build
 
-from .gpu_cases import PROGRAMS, SIZES, SPLIT_CASES, fold_config, folds, path, split_k_config
+from .gpu_cases import PROGRAMS, SIZES, SPLIT_CASES, fold_config, folds, own_size_cases, path, split_k_config
 
 # the benchmark's identity epilogue, at its square shape (bench/prebuild.py builds the rest)
 EXTRA = {"bench/programs/plain.epi": lambda m, n, k: dict(M=m, K=4096, N=4096)}
@@ -58,6 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         sizes = {**PROGRAMS, **EXTRA}[name](*size)
         overrides = {"split": split_k_config, "fold": fold_config}[variant](prog.program) if variant else None
         configs = emit.kernel_configs(prog.program, sizes["M"], overrides, sizes)
+        units += [u for _, u in emit.units(prog.program, configs)]
+    for name, sizes in own_size_cases():       # tests with sizes of their own
+        if only and name not in only:
+            continue
+        if name not in programs:
+            programs[name] = epic.compile(path(name))
+        prog = programs[name]
+        configs = emit.kernel_configs(prog.program, sizes["M"], None, sizes)
         units += [u for _, u in emit.units(prog.program, configs)]
     if training:
         from . import test_gpu_autograd, test_gpu_grad

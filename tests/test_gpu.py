@@ -25,7 +25,8 @@ import epic
 from epic import dtypes, reference
 from epic.diagnostics import EpicError
 
-from .gpu_cases import (PROGRAMS, SIZES, SPLIT_CASES, fold_config, folds, make_inputs, path, split_k_config,
+from .gpu_cases import (DETERMINISM_CASES, HF_BLOCK_CASE, MEMCHECK_CASES, PROGRAMS, QUANT_SIZES, SIZES, SPLIT_CASES,
+                        TORCH_COMPILE_CASE, XENT_D, XENT_SIZES, fold_config, folds, make_inputs, path, split_k_config,
                         to_device)
 
 pytestmark = [pytest.mark.gpu,
@@ -274,7 +275,7 @@ def _quantize(a: torch.Tensor, block: int, qmax: float, lo: float, hi: float, in
     return q, s.to(scale_dtype).double()
 
 
-@pytest.mark.parametrize("size", [(77, 512, 200), (300, 768, 136), (8191, 1024, 256)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("size", QUANT_SIZES, ids=lambda s: "x".join(map(str, s)))
 def test_quantization_is_the_reference_quantizer_of_the_kernels_values(size):
     prog = compiled("tests/programs/quant_exposed.epi")
     m, n, k = size
@@ -298,12 +299,12 @@ def test_quantization_is_the_reference_quantizer_of_the_kernels_values(size):
             f"{q_name}: {int(ties.sum())} of {q.numel()} quantized values differ (first at {ties.nonzero()[:3].tolist()})"
 
 
-@pytest.mark.parametrize("m, v", [(64, 128256), (333, 50304), (8, 1000)])
+@pytest.mark.parametrize("m, v", XENT_SIZES)
 def test_cross_entropy_without_logits(m, v):
     """loss = lse - target logit, from per-tile (max, sum-exp) pairs: no [M, V] tensor ever exists."""
     import torch.nn.functional as F
     prog = compiled("samples/cross_entropy.epi")
-    d = 256
+    d = XENT_D
     g = torch.Generator(device="cuda").manual_seed(seed_of("xent", m, v))
     x = torch.randn(m, d, device="cuda", generator=g).bfloat16()
     w = (torch.randn(v, d, device="cuda", generator=g) / d ** 0.5).bfloat16()
@@ -334,7 +335,8 @@ def test_prenorm_mlp_matches_huggingface_llama_block():
     from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
     from epic.weights import interleave_gate_up
     torch.manual_seed(0)
-    d, f, m = 4096, 14336, 256
+    name, sizes = HF_BLOCK_CASE
+    d, f, m = sizes["D"], sizes["F"], sizes["M"]
     cfg = transformers.LlamaConfig(hidden_size=d, intermediate_size=f, rms_norm_eps=1e-6, hidden_act="silu")
     mlp = LlamaMLP(cfg).cuda().bfloat16()
     norm = LlamaRMSNorm(d, eps=1e-6).cuda().bfloat16()
@@ -351,7 +353,7 @@ def test_prenorm_mlp_matches_huggingface_llama_block():
         n64 = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight.double()
         g64, u64 = n64 @ mlp.gate_proj.weight.double().t(), n64 @ mlp.up_proj.weight.double().t()
         want = (torch.nn.functional.silu(g64) * u64) @ mlp.down_proj.weight.double().t() + h64
-    prog = compiled("samples/prenorm_mlp.epi")
+    prog = compiled(name)
     out = prog(attn=attn, wo=wo.t(), z=z, gamma=norm.weight.detach(),
                wgu=interleave_gate_up(mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()),
                wd=mlp.down_proj.weight.detach().t())
@@ -374,10 +376,7 @@ def test_overridden_scalars_reach_the_kernel():
 
 def test_results_do_not_depend_on_the_run():
     """Deterministic partials: the same inputs give bit-identical outputs, run after run."""
-    for name, sizes in (("samples/residual_rmsnorm.epi", dict(M=333, D=392)),
-                        ("samples/cross_entropy.epi", dict(M=333, D=200, V=392)),
-                        ("samples/fp8_block_quant.epi", dict(M=333, D=200, N=512)),
-                        ("tests/programs/whole_tensor.epi", dict(M=8191, K=200, N=392, P=200))):
+    for name, sizes in DETERMINISM_CASES:
         prog = compiled(name)
         inputs = to_device(prog.program, make_inputs(prog.analysis.source_program, sizes, 1))
         first = prog(**inputs)
@@ -410,13 +409,13 @@ def test_a_captured_program_replays_like_calls(name):
 
 
 def test_inside_torch_compile():
-    prog = compiled("samples/bias_gelu.epi")
+    name, sizes = TORCH_COMPILE_CASE
+    prog = compiled(name)
     op = prog.torch_op()
 
     def model(x, w, bias):
         return op(x=x, w=w, bias=bias)["y"].float() * 2
 
-    sizes = dict(M=64, K=128, N=256)
     inputs = to_device(prog.program, make_inputs(prog.analysis.source_program, sizes, 2))
     eager = model(**inputs)
     fn = torch.compile(model, fullgraph=True)
@@ -495,14 +494,6 @@ def test_wrong_tensors_are_refused_before_launch():
     with pytest.raises(EpicError) as info:
         prog(**dict(good, x=unaligned))
     assert info.value.codes == ["E606"]
-
-
-MEMCHECK_CASES = [("samples/residual_rmsnorm.epi", dict(M=77, D=392)),
-                  ("samples/cross_entropy.epi", dict(M=77, D=200, V=392)),
-                  ("samples/fp8_block_quant.epi", dict(M=77, D=200, N=512)),
-                  ("samples/int4_pack.epi", dict(M=77, D=200, N=512)),
-                  ("samples/swiglu_bwd.epi", dict(M=77, D=200, F=200)),
-                  ("samples/prenorm_mlp.epi", dict(M=77, D=392, F=200))]
 
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not installed")

@@ -12,12 +12,10 @@ import epic
 from epic import reference
 
 from .conftest import ROOT
+from .gpu_cases import MX_K, MX_N, MX_PROGRAMS, MX_ROWS
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (see docs/GPU.md)")]
-
-PROGRAMS = ["tests/programs/mx_formats.epi", "samples/mxfp8_block_quant.epi"]
-
 
 def _operands(m: int, k: int, n: int, seed: int):
     g = torch.Generator().manual_seed(seed)
@@ -26,11 +24,11 @@ def _operands(m: int, k: int, n: int, seed: int):
     return x.cuda(), w.cuda().t()
 
 
-@pytest.mark.parametrize("m", [64, 77, 8192])
-@pytest.mark.parametrize("path", PROGRAMS)
+@pytest.mark.parametrize("m", MX_ROWS)
+@pytest.mark.parametrize("path", list(MX_PROGRAMS))
 def test_mx_outputs_match_the_rounded_reference_exactly(path, m):
     prog = epic.compile(str(ROOT / path))
-    x, w = _operands(m, 64, 128, seed=m)
+    x, w = _operands(m, MX_K, MX_N, seed=m)
     out = prog(x=x, w=w)
     ref = prog.reference(exact=False, x=x.cpu(), w=w.cpu())
     for name, want in ref.items():

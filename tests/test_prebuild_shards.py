@@ -28,3 +28,16 @@ def test_a_bad_shard_is_a_usage_error(bad):
     r = subprocess.run([sys.executable, "-m", "tests.prebuild", "--shard", bad], cwd=ROOT, capture_output=True,
                        text=True)
     assert r.returncode == 2 and "K/N" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_tests_own_sizes_name_every_dimension_of_their_programs():
+    """tests.prebuild builds the kernels of gpu_cases.own_size_cases(): each case must plan as given
+    (a wrong dimension name would make the prebuild build other kernels than the test runs)."""
+    import epic
+    from .gpu_cases import own_size_cases, path
+    cases = own_size_cases()
+    assert len(cases) >= 20
+    for name, sizes in cases:
+        prog = epic.compile(path(name))
+        assert set(sizes) == set(prog.program.dims), (name, sizes, prog.program.dims)
+        prog.plan(sizes)
