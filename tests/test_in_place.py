@@ -53,13 +53,14 @@ def test_the_finish_loop_reads_each_element_before_it_stores_over_it():
     """In place is safe because every loop of the finish reads the logits of its columns before it
     stores their dlogits, in the same lane: no read of the logits after a store in one iteration."""
     prog = epic.compile(FUSED_CE)
-    for v in (392, 512):        # the one-column loop (W % 16 != 0) and the 16-column vector loop
+    for v in (392, 512):        # the one-column loop (W % 16 != 0) and the vector loop (16 columns a step,
+        #                            several steps loaded before the first is stored)
         plan = prog.plan(dict(SIZES, V=v))
         (spec, unit), = [(s, u) for s, u in emit.units(prog.program, plan.configs) if "combine" in u.name]
         ptr = {p.tensor: f"p{i}" for i, p in enumerate(spec.pointers) if p.role != "out"}
         out = {p.tensor: f"p{i}" for i, p in enumerate(spec.pointers) if p.role == "out"}
         read, write = ptr["d_lm_head_acc__pre0"], out["d_lm_head_acc"]
-        loops = re.findall(r"for \(long long (?:j|n) = .*?\n(.*?)\n  \}", unit.source, re.S)
+        loops = re.findall(r"for \(long long (?:j0|n) = .*?\n(.*?)\n  \}", unit.source, re.S)
         assert len(loops) == 2, unit.source
         for body in loops:
             reads = [m.start() for m in re.finditer(rf"\({read}\)", body)]

@@ -250,41 +250,60 @@ def _merge_lanes(r: P.Reduction, i: int, lanes: str, count: str) -> list[str]:
     ]
 
 
-VEC = 16       # columns per lane and step of the vector loop: two 16-byte moves of a 16-bit tile in flight
+VEC = 16       # columns per lane and step of the vector loop: two 16-byte moves of a 16-bit tile
+IN_FLIGHT_BYTES = 128     # bytes of tile reads each lane starts before it computes: one warp per row
+#                           leaves the SMs half full, so a lane needs several steps' loads in flight
+
+
+def steps_in_flight(tile_reads: dict) -> int:
+    """Vector steps a lane loads before computing any: IN_FLIGHT_BYTES of its widest tile read."""
+    widest = max((dt.bits for _, dt in tile_reads.values()), default=16)
+    return max(1, min(4, IN_FLIGHT_BYTES * 8 // (VEC * widest)))
 
 
 def _vector_loop(program: Program, stored: list, writer, width: str, tile_reads: dict, ptr) -> list[str]:
     """The per-column loop without packed stores: where W is a multiple of VEC (every row then starts
     VEC-element aligned, and tensors are 16-byte aligned), each lane moves VEC consecutive columns per
-    step with vector loads and stores (8, 16 or 32 bytes); else one column per step."""
+    step with vector loads and stores (8, 16 or 32 bytes), loading U steps (steps_in_flight) before it
+    computes and stores them (a finished tile may be written over the one it reads: each element is
+    read and written by one lane, its read first); else one column per step."""
     outs = {s.tensor: ptr("out", program.tensors[s.tensor].name, program.tensors[s.tensor].dtype) for s in stored}
+    steps = steps_in_flight(tile_reads)
 
     def body(vector: bool) -> list[str]:
-        lines = [f"const float {tile_reads[i][0]}_at = float(in_{tile_reads[i][0]}[e]);" if vector and i in tile_reads
+        lines = [f"const float {tile_reads[i][0]}_at = float(in_{tile_reads[i][0]}[q][e]);" if vector and i in tile_reads
                  else line for i, line in enumerate(writer.lines)]
         for s in stored:
             t = program.tensors[s.tensor]
             (x,) = writer.names[s.value.id]
             value = fn.store_expr(x, t.dtype)
             conv = f"static_cast<{t.dtype.cuda}>({value})" if t.dtype.is_int else f"{t.dtype.cuda}({value})"
-            lines.append(f"out_{outs[s.tensor]}[e] = {conv};" if vector else
+            lines.append(f"out_{outs[s.tensor]}[q][e] = {conv};" if vector else
                          f"static_cast<{t.dtype.cuda}*>({outs[s.tensor]})[(long long)m * W + n] = {conv};")
         return lines
 
+    step = f"j0 + (long long)q * 32 * {VEC}"
     lines = [f"const long long W = (long long)({width});", f"if (W % {VEC} == 0) {{",
-             f"  for (long long j = (long long)lane * {VEC}; j < W; j += 32 * {VEC}) {{"]
+             f"  for (long long j0 = (long long)lane * {VEC}; j0 < W; j0 += 32 * {VEC} * {steps}) {{"]
     for pp, dt in tile_reads.values():
-        lines.append(f"    alignas(16) {dt.cuda} in_{pp}[{VEC}];")
-        lines.append(f"    {_copy(f'in_{pp}', f'static_cast<const {dt.cuda}*>({pp}) + (long long)m * W + j', dt)}")
+        lines.append(f"    alignas(16) {dt.cuda} in_{pp}[{steps}][{VEC}];")
     for s in stored:
-        lines.append(f"    alignas(16) {program.tensors[s.tensor].dtype.cuda} out_{outs[s.tensor]}[{VEC}];")
-    lines += ["    #pragma unroll", f"    for (int e = 0; e < {VEC}; ++e) {{", "      const long long n = j + e;"]
-    lines += [f"      {line}" for line in body(True)]
-    lines.append("    }")
+        lines.append(f"    alignas(16) {program.tensors[s.tensor].dtype.cuda} out_{outs[s.tensor]}[{steps}][{VEC}];")
+    if tile_reads:
+        lines += ["    #pragma unroll", f"    for (int q = 0; q < {steps}; ++q) {{", f"      const long long j = {step};",
+                  "      if (j >= W) break;"]
+        for pp, dt in tile_reads.values():
+            lines.append(f"      {_copy(f'in_{pp}[q]', f'static_cast<const {dt.cuda}*>({pp}) + (long long)m * W + j', dt)}")
+        lines.append("    }")
+    lines += ["    #pragma unroll", f"    for (int q = 0; q < {steps}; ++q) {{", f"      const long long j = {step};",
+              "      if (j >= W) break;", "      #pragma unroll", f"      for (int e = 0; e < {VEC}; ++e) {{",
+              "        const long long n = j + e;"]
+    lines += [f"        {line}" for line in body(True)]
+    lines.append("      }")
     for s in stored:
         dt = program.tensors[s.tensor].dtype
-        lines.append(f"    {_copy(f'static_cast<{dt.cuda}*>({outs[s.tensor]}) + (long long)m * W + j', f'out_{outs[s.tensor]}', dt)}")
-    lines += ["  }", "} else {", "  for (long long n = lane; n < W; n += 32) {"]
+        lines.append(f"      {_copy(f'static_cast<{dt.cuda}*>({outs[s.tensor]}) + (long long)m * W + j', f'out_{outs[s.tensor]}[q]', dt)}")
+    lines += ["    }", "  }", "} else {", "  for (long long n = lane; n < W; n += 32) {"]
     lines += [f"    {line}" for line in body(False)]
     return lines + ["  }", "}"]
 
