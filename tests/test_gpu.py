@@ -473,7 +473,10 @@ def test_the_unfused_form_on_the_gpu_matches_the_kernels(name):
         assert got[t.name].dtype == want[t.name].dtype and got[t.name].shape == want[t.name].shape, t.name
         if chain and t.dtype.name in ("bf16", "f16"):       # a bf16 intermediate one step apart, carried on
             g, w = got[t.name].double().cpu(), want[t.name].double().cpu()
-            assert ((g - w).abs() <= 2 ** -6 * w.abs() + 2 ** -6 * w.abs().max()).all(), t.name
+            # random saved statistics (a negative mean square) make NaN rows: in the same places in both
+            assert torch.equal(torch.isnan(g), torch.isnan(w)), f"{t.name}: NaN in different places"
+            g, w = g[~torch.isnan(w)], w[~torch.isnan(w)]
+            assert w.numel() == 0 or ((g - w).abs() <= 2 ** -6 * w.abs() + 2 ** -6 * w.abs().max()).all(), t.name
             continue
         check_close(t.name, as_values(got[t.name], t.dtype.name), as_values(want[t.name], t.dtype.name),
                     t.dtype.name, fp8_gemm=fp8, f16_acc=f16_acc)
