@@ -42,12 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     only, training = args.programs, args.all
     units = []
-    cases = [(name, size, None) for name in PROGRAMS for size in SIZES] + \
-        [(name, (m, 0, 0), None) for name in EXTRA for m in ROWS] + \
-        [(name, size, "split") for name, size in SPLIT_CASES] + \
-        [(name, size, "fold") for name in PROGRAMS for size in SIZES]
+    table = {**PROGRAMS, **EXTRA}
+    # (program, sizes, variant); each case at its own sizes: the tile width depends on N
+    cases = [(name, table[name](*size), None) for name in PROGRAMS for size in SIZES] + \
+        [(name, table[name](m, 0, 0), None) for name in EXTRA for m in ROWS] + \
+        [(name, table[name](*size), "split") for name, size in SPLIT_CASES] + \
+        [(name, table[name](*size), "fold") for name in PROGRAMS for size in SIZES] + \
+        [(name, sizes, None) for name, sizes in own_size_cases()]        # tests with sizes of their own
     programs = {}
-    for name, size, variant in cases:     # each case at its own sizes: the tile width depends on N
+    for name, sizes, variant in cases:
         if only and name not in only:
             continue
         if name not in programs:
@@ -55,17 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         prog = programs[name]
         if variant == "fold" and not folds(prog.program):
             continue
-        sizes = {**PROGRAMS, **EXTRA}[name](*size)
         overrides = {"split": split_k_config, "fold": fold_config}[variant](prog.program) if variant else None
         configs = emit.kernel_configs(prog.program, sizes["M"], overrides, sizes)
-        units += [u for _, u in emit.units(prog.program, configs)]
-    for name, sizes in own_size_cases():       # tests with sizes of their own
-        if only and name not in only:
-            continue
-        if name not in programs:
-            programs[name] = epic.compile(path(name))
-        prog = programs[name]
-        configs = emit.kernel_configs(prog.program, sizes["M"], None, sizes)
         units += [u for _, u in emit.units(prog.program, configs)]
     if training:
         from . import test_gpu_autograd, test_gpu_grad
