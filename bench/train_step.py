@@ -11,7 +11,6 @@ F 14336; backward from a random dy). Candidates, all on the same operand tensors
   cublas   the pass's gemms alone (ce: logits, dX, dW; mlp: gate/up, down and their four gradients):
            every ratio is the median over rounds of a candidate's time / cuBLAS's in the same round
   epic     epic.autograd: the derived forward and backward kernels, through its call path
-           (ce also: epic-fused[-whole], policy fused; epic-shifted[-whole], autodiff/shifted_loss.py)
   eager    the block as plain torch operations (also the reference of the check below)
   compile  torch.compile of the eager form, forward and backward
   quack    QuACK: chunked_linear_cross_entropy / mlp_func(activation="swiglu") on the interleaved gate/up
@@ -143,17 +142,6 @@ def _ce_epic_fused(chunk_rows):
     return build
 
 
-def _ce_epic_shifted(chunk_rows):
-    """epic/autodiff/shifted_loss.py: policy fused without the pass over dlogits; weights 1."""
-    def build(o, opts):
-        from epic.autodiff.shifted_loss import ShiftedCrossEntropy
-        f = ShiftedCrossEntropy(fallback=opts.fallback, chunk_rows=chunk_rows)
-        ones = torch.ones(o.m, device=o.device, dtype=torch.float32)
-        return Step(_backward_of(lambda: f(x=o.x, w=o.w.t(), label=o.label, d_loss=ones)[0]), o.grads,
-                    f"shifted, chunk_rows={chunk_rows}")
-    return build
-
-
 def ce_eager(o, opts):
     return Step(_backward_of(lambda: _ce_eager_loss(o.x, o.w, o.label64)), o.grads)
 
@@ -179,8 +167,7 @@ def ce_liger(o, opts):
 
 
 CE = {"cublas": ce_cublas, "epic": ce_epic, "epic-fused": _ce_epic_fused(FUSED_CHUNK),
-      "epic-fused-whole": _ce_epic_fused(None), "epic-shifted": _ce_epic_shifted(FUSED_CHUNK),
-      "epic-shifted-whole": _ce_epic_shifted(None), "eager": ce_eager, "compile": ce_compile, "quack": ce_quack,
+      "epic-fused-whole": _ce_epic_fused(None), "eager": ce_eager, "compile": ce_compile, "quack": ce_quack,
       "liger": ce_liger}
 
 
@@ -462,9 +449,6 @@ def units(rows: int = 8192) -> list:
             later = derive_source(_program(work), policy="fused", accumulate=True)
             fused = epic.grad(_program(work), policy="fused").forward_text
             texts += [(fused, rows), (fused, min(rows, FUSED_CHUNK)), (later.forward_text, min(rows, FUSED_CHUNK))]
-            from epic.autodiff import shifted_loss      # its programs, whole and in chunks
-            texts += [(t, m) for t in (shifted_loss.HEAD, shifted_loss.DX, shifted_loss.DW, shifted_loss.DW_MORE)
-                      for m in (rows, min(rows, FUSED_CHUNK))]
         for text, m in texts:
             prog = epic.compile(text)
             sizes = dict(shapes, M=m)

@@ -26,7 +26,7 @@ from . import programs
 
 # a patched class -> HF's forward: the patched one binds arguments by it and runs it where epic does not apply
 _ORIGINAL: dict[type, types.FunctionType] = {}
-LOSS_POLICIES = ("fused", "shifted", "save")
+LOSS_POLICIES = ("fused", "save")
 
 
 def apply_epic_to_llama(model=None, *, mlp: bool = True, cross_entropy: bool = True, fallback: str = "never",
@@ -35,8 +35,7 @@ def apply_epic_to_llama(model=None, *, mlp: bool = True, cross_entropy: bool = T
     epic). fallback: as epic.compile's ("eager" runs the unfused torch form: no GPU). chunk_rows:
     the LM head runs on that many tokens at a time (epic.autograd's chunk_rows), so its [tokens,
     vocab] logit gradient is [chunk_rows, vocab]. loss_policy: "fused" (the LM head's gradients
-    computed in its forward, 3 gemms), "shifted" (the same without the pass that turns the logits into
-    dlogits: autodiff/shifted_loss.py) or "save" (a backward program recomputing the logits, 4)."""
+    computed in its forward, 3 gemms) or "save" (a backward program recomputing the logits, 4)."""
     from transformers.models.llama import modeling_llama as m
     return apply_epic(m.LlamaForCausalLM, m.LlamaDecoderLayer, model, mlp=mlp, cross_entropy=cross_entropy,
                       fallback=fallback, chunk_rows=chunk_rows, loss_policy=loss_policy)
@@ -243,7 +242,7 @@ def lm_head_loss(model, hidden: torch.Tensor, labels: torch.Tensor | None, shift
     count = (label >= 0).sum() if num_items_in_batch is None else num_items_in_batch
     if torch.is_tensor(count):
         count = count.to(x.device)
-    if options.get("loss_policy", "fused") in ("fused", "shifted"):
+    if options.get("loss_policy", "fused") == "fused":
         # each counted token's weight in the loss, known now: the forward computes the gradients
         weights = (label >= 0).to(torch.float32) / count
         return program(x=x, w=model.lm_head.weight.t(), label=label, d_loss=weights)[0]

@@ -49,11 +49,7 @@ def decoder_mlp(eps: float, fallback: str):
 def lm_head_loss(fallback: str, chunk_rows: int | None = None, policy: str = "fused"):
     """chunk_rows: the [tokens, vocab] logit gradient exists for that many tokens at a time. policy
     "fused": the gradients are computed in the forward (3 gemms, autodiff/fused.py); "save": by a
-    backward program that recomputes the logits (4 gemms); "shifted": policy "fused" without its pass
-    over the logits (autodiff/shifted_loss.py)."""
-    if policy == "shifted":
-        from ..autodiff.shifted_loss import ShiftedCrossEntropy
-        return ShiftedCrossEntropy(fallback, chunk_rows)
+    backward program that recomputes the logits (4 gemms)."""
     return _differentiable(LM_HEAD_LOSS, fallback, chunk_rows, policy)
 
 
