@@ -10,7 +10,8 @@ F 14336; backward from a random dy). Candidates, all on the same operand tensors
 
   cublas   the pass's gemms alone (ce: logits, dX, dW; mlp: gate/up, down and their four gradients):
            every ratio is the median over rounds of a candidate's time / cuBLAS's in the same round
-  epic     epic.autograd: the derived forward and backward kernels, through its call path
+  epic     epic.autograd: the derived forward and backward kernels, through its call path (ce also:
+           epic-fused, epic-fused-2048, epic-fused-whole: policy fused in 4096- or 2048-row chunks, whole)
   eager    the block as plain torch operations (also the reference of the check below)
   compile  torch.compile of the eager form, forward and backward
   quack    QuACK: chunked_linear_cross_entropy / mlp_func(activation="swiglu") on the interleaved gate/up
@@ -167,7 +168,8 @@ def ce_liger(o, opts):
 
 
 CE = {"cublas": ce_cublas, "epic": ce_epic, "epic-fused": _ce_epic_fused(FUSED_CHUNK),
-      "epic-fused-whole": _ce_epic_fused(None), "eager": ce_eager, "compile": ce_compile, "quack": ce_quack,
+      "epic-fused-whole": _ce_epic_fused(None), "epic-fused-2048": _ce_epic_fused(2048), "eager": ce_eager,
+      "compile": ce_compile, "quack": ce_quack,
       "liger": ce_liger}
 
 
