@@ -69,6 +69,7 @@ class Result:
     ratio_quartiles: dict = field(default_factory=dict)    # (25th, 75th percentile) of the per-round ratios
     round_ms: dict = field(default_factory=dict)           # every round's time, in the rounds' order
     peak_extra_bytes: dict = field(default_factory=dict)
+    device_allocs: dict = field(default_factory=dict)       # cudaMalloc calls inside the timed steps, all rounds
     check: dict = field(default_factory=dict)
     notes: dict = field(default_factory=dict)
 
@@ -350,10 +351,15 @@ def run(work: str, m: int, rounds: int, names=CANDIDATES, device: str = "cuda", 
     order = list(steps)
     times = {n: [] for n in order}
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda") if device == "cuda" else None   # > L2
+    allocs = {n: 0 for n in order}
     for r in range(rounds):
         for n in order[r % len(order):] + order[:r % len(order)]:
             _zero_grads(o.leaves)
+            before = _device_allocs(device)
             times[n].append(_time_once(steps[n].run, device, flush))
+            allocs[n] += _device_allocs(device) - before
+    if device == "cuda":
+        res.device_allocs = allocs
     _zero_grads(o.leaves)
     res.median_ms = {n: statistics.median(t) for n, t in times.items()}
     ratios = {n: [t / c for t, c in zip(times[n], times["cublas"])] for n in order}
@@ -361,6 +367,12 @@ def run(work: str, m: int, rounds: int, names=CANDIDATES, device: str = "cuda", 
     res.ratio_quartiles = {n: _quartiles(r) for n, r in ratios.items()}
     res.round_ms = times
     return res
+
+
+def _device_allocs(device: str) -> int:
+    """cudaMalloc calls so far (the caching allocator's count): one inside a timed step is a
+    synchronizing allocation that the step's time includes; 0 where torch does not count them."""
+    return torch.cuda.memory_stats().get("num_device_alloc", 0) if device == "cuda" else 0
 
 
 def _quartiles(values: list[float]) -> tuple[float, float]:
@@ -380,6 +392,8 @@ def report(r: Result) -> str:
         lines.append(f"  {n:<9} {r.median_ms[n]:8.2f} ms  x{r.ratio_to_cublas[n]:.3f} of cuBLAS "
                      f"(rounds' middle half {lo:.3f}-{hi:.3f})  peak extra "
                      + (f"{peak / 2**30:.2f} GiB" if peak is not None else "-") + check)
+    lines += [f"  note {n}: {k} cudaMalloc calls inside its timed steps ({r.rounds} rounds)"
+              for n, k in r.device_allocs.items() if k]
     lines += [f"  note {n}: {t}" for n, t in r.notes.items()]
     return "\n".join(lines)
 

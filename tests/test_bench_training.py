@@ -302,3 +302,14 @@ def test_the_report_shows_how_far_the_rounds_spread():
     assert ratios[0] <= lo <= r.ratio_to_cublas["eager"] <= hi <= ratios[-1]
     assert ts._quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 4.0)
     assert "rounds' middle half" in ts.report(r)
+
+
+def test_the_report_names_a_candidate_that_allocated_device_memory_inside_a_timed_step():
+    """A cudaMalloc inside the timed events synchronizes and is timed with the step: the report says
+    which candidate paid it (counted on the GPU only; none on the CPU)."""
+    r = _run("ce", ["eager"], rounds=2)
+    assert r.device_allocs == {}
+    assert "cudaMalloc" not in ts.report(r)
+    r.device_allocs = {"cublas": 0, "eager": 3}
+    lines = [line for line in ts.report(r).splitlines() if "cudaMalloc" in line]
+    assert lines == ["  note eager: 3 cudaMalloc calls inside its timed steps (2 rounds)"]
