@@ -17,6 +17,7 @@ from .gpu_cases import MX_K, MX_N, MX_PROGRAMS, MX_ROWS
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (see docs/GPU.md)")]
 
+
 def _operands(m: int, k: int, n: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(-4, 5, (m, k), generator=g).to(torch.bfloat16)
