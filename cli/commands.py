@@ -158,6 +158,9 @@ def cmd_compile(args) -> int:
                     "give a directory that can be created or written") from None
     for p in written:
         print(p)
+    for name, cfg in emit.kernel_configs(analysis.program, emit.rows(analysis.program, sizes), sizes=sizes).items():
+        if cfg.vendor:
+            print(f"{name}: no source (backend {cfg.backend}: the vendor's gemm, called through torch)")
     if args.build:
         _build(analysis, sizes, None)
     return 0

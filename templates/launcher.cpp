@@ -34,7 +34,9 @@ namespace {
 using LaunchFn = int (*)(void**, const long long*, const float*, void*, void*, size_t);
 
 struct Launch {
-  LaunchFn fn;
+  LaunchFn fn;                        // null for a vendor gemm
+  bool vendor = false;                // the vendor's gemm (epic/runtime/vendor_gemm.py): slots A, B, [C,] D,
+  bool a_t = false, b_t = false;      // run with ATen's mm / addmm on torch's current stream
   std::vector<int64_t> slots;         // per pointer: index into the call's tensor table, -1 = none
   std::vector<long long> dims;
   std::vector<float> scalars;         // the fixed values; runtime scalars are written per call
@@ -142,7 +144,8 @@ class Launcher {
               const std::vector<std::vector<int64_t>>& slots, const std::vector<std::vector<int64_t>>& dims,
               const std::vector<std::vector<double>>& scalars, const std::vector<std::vector<int64_t>>& runtime_scalars,
               const std::vector<int64_t>& workspaces, const std::vector<int64_t>& workspace_offsets, int64_t arena,
-              const std::vector<int64_t>& outputs, const std::vector<int64_t>& keep) {
+              const std::vector<int64_t>& outputs, const std::vector<int64_t>& keep,
+              const std::vector<std::vector<int64_t>>& vendor) {
     Plan p;
     p.device = c10::Device(static_cast<c10::DeviceType>(device_type), static_cast<c10::DeviceIndex>(device_index));
     TORCH_CHECK(input_dtypes.size() == input_sizes.size() && input_sizes.size() == input_strides.size());
@@ -160,11 +163,19 @@ class Launcher {
     const int64_t table = static_cast<int64_t>(p.inputs.size() + p.buffers.size());
     TORCH_CHECK(fns.size() == slots.size() && slots.size() == dims.size() && dims.size() == scalars.size() &&
                 scalars.size() == runtime_scalars.size() && runtime_scalars.size() == workspaces.size() &&
-                workspaces.size() == workspace_offsets.size());
+                workspaces.size() == workspace_offsets.size() && workspace_offsets.size() == vendor.size());
     for (size_t k = 0; k < fns.size(); ++k) {
       Launch l;
       l.fn = reinterpret_cast<LaunchFn>(static_cast<uintptr_t>(fns[k]));
-      TORCH_CHECK(l.fn != nullptr, "a null launch function");
+      if (!vendor[k].empty()) {
+        TORCH_CHECK(vendor[k].size() == 2 && l.fn == nullptr && (slots[k].size() == 3 || slots[k].size() == 4),
+                    "a vendor gemm: two transposes, no launch function, slots A, B, [C,] D");
+        for (int64_t s : slots[k]) TORCH_CHECK(s >= 0, "a vendor gemm's slot is empty");
+        l.vendor = true;
+        l.a_t = vendor[k][0] != 0;
+        l.b_t = vendor[k][1] != 0;
+      }
+      TORCH_CHECK(l.fn != nullptr || l.vendor, "a null launch function");
       for (int64_t s : slots[k]) TORCH_CHECK(s >= -1 && s < table, "a pointer slot outside the table");
       l.slots = slots[k];
       l.dims.assign(dims[k].begin(), dims[k].end());
@@ -331,6 +342,11 @@ class Launcher {
     std::vector<float> scalars;
     for (size_t k = 0; k < p.launches.size(); ++k) {
       const Launch& l = p.launches[k];
+      if (l.vendor) {
+        const int64_t rc = vendor_gemm(p, l, table, stream);
+        if (rc != 0) return {static_cast<int64_t>(k), rc};
+        continue;
+      }
       ptrs.assign(l.slots.size() + 1, nullptr);
       for (size_t j = 0; j < l.slots.size(); ++j)
         ptrs[j] = l.slots[j] < 0 ? nullptr : table.ptrs[l.slots[j]];
@@ -348,6 +364,28 @@ class Launcher {
     return {-1, 0};
   }
 
+  // A vendor gemm: d = a @ b (+ c) with ATen on the table's tensors (arena buffers as views), as
+  // runtime/vendor_gemm.py does; its statuses: -101 the stream is not torch's current one (where
+  // ATen launches), -102 ATen refused.
+  static int64_t vendor_gemm(const Plan& p, const Launch& l, const Table& table, int64_t stream) {
+    if (stream != current_stream(p.device)) return -101;
+    try {
+      const size_t n = l.slots.size();
+      at::Tensor a = table.tensor(p, l.slots[0]), b = table.tensor(p, l.slots[1]);
+      at::Tensor d = table.tensor(p, l.slots[n - 1]);
+      if (l.a_t) a = a.t();
+      if (l.b_t) b = b.t();
+      if (n == 4) {
+        at::addmm_out(d, l.slots[2] == l.slots[n - 1] ? d : table.tensor(p, l.slots[2]), a, b);   // d += a @ b
+      } else {
+        at::mm_out(d, a, b);
+      }
+    } catch (const std::exception&) {
+      return -102;
+    }
+    return 0;
+  }
+
   static constexpr size_t kMaxPlans = 8;
   std::vector<Plan> plans_;
   std::vector<int64_t> ids_;
@@ -360,7 +398,7 @@ class Launcher {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "epic's compiled call path (templates/launcher.cpp)";
-  m.attr("ABI") = 3;
+  m.attr("ABI") = 4;
   pybind11::class_<Launcher>(m, "Launcher")
       .def(pybind11::init<>())
       .def("add", &Launcher::add)

@@ -134,7 +134,7 @@ def test_several_signatures_and_the_newest_eight(module):
 def test_a_plan_that_points_outside_its_table_is_refused(module):
     with pytest.raises(RuntimeError, match="outside the table"):
         module.Launcher().add(0, -1, [torch.empty(0)], [[4]], [[1]], [], [], [], [_abs_address()], [[3]], [[1]],
-                              [[]], [[]], [0], [-1], 0, [], [])
+                              [[]], [[]], [0], [-1], 0, [], [], [[]])
 
 
 def test_an_arena_offset_outside_the_arena_is_refused(module):
@@ -143,11 +143,28 @@ def test_an_arena_offset_outside_the_arena_is_refused(module):
     for offset, arena in ((16, 16), (8, 64), (-2, 64)):           # past the end, misaligned, nonsense
         with pytest.raises(RuntimeError, match="arena"):
             module.Launcher().add(0, -1, [torch.empty(0)], [[4]], [[1]], y, [[2, 3]], [offset], [], [], [], [],
-                                  [], [], [], arena, [], [])
+                                  [], [], [], arena, [], [], [])
     for offset, arena in ((0, 32), (-1, 64)):                      # past the end, not placed at all
         with pytest.raises(RuntimeError, match="arena"):
             module.Launcher().add(0, -1, [torch.empty(0)], [[4]], [[1]], [], [], [], [_abs_address()], [[0]], [[1]],
-                                  [[]], [[]], [64], [offset], arena, [], [])
+                                  [[]], [[]], [64], [offset], arena, [], [], [[]])
+
+
+def test_a_malformed_vendor_gemm_launch_is_refused(module):
+    """A vendor gemm (runtime/vendor_gemm.py) has no launch function, two transposes and slots A, B,
+    [C,] D, none empty: anything else is refused when the plan is added."""
+    x = [torch.empty(0)] * 3
+    shapes, strides = [[4, 4]] * 3, [[4, 1]] * 3
+    for fn, slots, vendor in ((_abs_address(), [0, 1, 2], [0, 0]),   # a launch function too
+                              (0, [0, 1], [0, 0]),                    # too few slots
+                              (0, [0, -1, 2], [0, 0]),                # an empty slot
+                              (0, [0, 1, 2], [0])):                   # one transpose
+        with pytest.raises(RuntimeError, match="vendor gemm"):
+            module.Launcher().add(0, -1, x, shapes, strides, [], [], [], [fn], [slots], [[4, 4, 4]], [[]], [[]],
+                                  [0], [-1], 0, [2], [2], [vendor])
+    with pytest.raises(RuntimeError, match="null launch function"):
+        module.Launcher().add(0, -1, x, shapes, strides, [], [], [], [0], [[0, 1, 2]], [[4, 4, 4]], [[]], [[]],
+                              [0], [-1], 0, [2], [2], [[]])
 
 
 def _abs_address() -> int:
@@ -159,7 +176,7 @@ def test_a_failed_launch_names_the_launch_and_its_status(module):
     fast = module.Launcher()
     x = torch.zeros(4)
     plan = fast.add(0, -1, [x], [[4]], [[1]], [], [], [], [_abs_address()], [[0]], [[4]], [[]], [[]], [0], [-1], 0,
-                    [0], [0])
+                    [0], [0], [[]])
     got, failed, rc, out = fast.run([x], [], 0, False)
     assert (got, failed, out) == (plan, 0, []) and rc != 0
 
@@ -256,7 +273,7 @@ def test_call_leaves_a_missing_required_scalar_to_python(module):
     fast = module.Launcher()
     x = torch.zeros(4)
     plan = fast.add(0, -1, [x], [[4]], [[1]], [torch.empty(0, dtype=torch.float16)], [[2, 3]], [-1],
-                    [], [], [], [], [], [], [], 0, [1], [0, 1])   # no launches: y is a fresh buffer
+                    [], [], [], [], [], [], [], 0, [1], [0, 1], [])   # no launches: y is a fresh buffer
     fast.names(["x"], ["s"], [float("nan")])           # s has no default
     fast.label(plan, ["y"], ["x", "y"])
     assert fast.call({"x": x}, False) is None
@@ -270,7 +287,7 @@ def test_call_reports_a_failed_launch_by_plan_and_status(module):
     fast = module.Launcher()
     x = torch.zeros(4)
     plan = fast.add(0, -1, [x], [[4]], [[1]], [], [], [], [_abs_address()], [[0]], [[4]], [[]], [[]], [0], [-1], 0,
-                    [0], [0])
+                    [0], [0], [[]])
     fast.names(["x"], [], [])
     fast.label(plan, ["x"], ["x"])
     got, failed, rc = fast.call({"x": x}, False)
@@ -280,7 +297,7 @@ def test_call_reports_a_failed_launch_by_plan_and_status(module):
 def test_labels_must_fit_their_plan(module):
     fast = module.Launcher()
     x = torch.zeros(4)
-    plan = fast.add(0, -1, [x], [[4]], [[1]], [], [], [], [], [], [], [], [], [], [], 0, [0], [0])
+    plan = fast.add(0, -1, [x], [[4]], [[1]], [], [], [], [], [], [], [], [], [], [], 0, [0], [0], [])
     with pytest.raises(RuntimeError, match="another plan"):
         fast.label(plan, ["x", "y"], ["x"])
     with pytest.raises(RuntimeError, match="no plan"):

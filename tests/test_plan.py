@@ -101,8 +101,10 @@ def test_the_heuristics_swizzle_never_pads_the_tile_grid():
     # N = 28672: 149.3 -> 150 columns of tiles; swizzle 8 (and 4) round them to 152, 2 does not
     assert [config.padded_tiles(wide, 8192, 28672, s) for s in (1, 2, 4, 8)] == [64 * 150] * 2 + [64 * 152] * 2
     prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out y: bf16 = acc\n}\n").program
-    swizzle = {n: planner.make_plan(prog, dict(M=8192, K=4096, N=n)).configs["g"].swizzle
+    # (epic's kernel at N = 128256, where the heuristic would give this plain gemm cuBLAS: plan/backend.py)
+    swizzle = {n: planner.make_plan(prog, dict(M=8192, K=4096, N=n), {"g": {"backend": "cutlass"}}).configs["g"].swizzle
                for n in (4096, 14336, 28672, 128256)}
+    assert planner.make_plan(prog, dict(M=8192, K=4096, N=128256)).configs["g"].backend == "cublas"
     # 14336 / 192 -> 75 columns (odd); 128256 / 192 -> 668 columns: a multiple of 4, not of 8 (672)
     assert swizzle == {4096: 8, 14336: 1, 28672: 2, 128256: 4}
     assert planner.make_plan(prog, dict(M=64, K=4096, N=28672)).configs["g"].swizzle == 1   # decode: 1 as before

@@ -19,7 +19,7 @@ from ..version import __version__
 from ..ir.core import Program
 from ..plan import config as config_mod
 from ..plan import planner
-from . import combine, cxx, evt, functor
+from . import combine, cxx, evt, functor, vendor
 from .unit import Unit
 
 
@@ -89,8 +89,19 @@ def kernel_configs(program: Program, m: int, overrides: dict | None = None,
     from .. import sizes as sizes_mod
     rows = kernel_rows(program, m, sizes)
     return {k.name: config_mod.choose(k, rows[k.name], (overrides or {}).get(k.name), program.tensors,
-                                      sizes_mod.evaluate(k.n, sizes) if sizes else None)
+                                      _known(k.n, sizes), _known(k.k, sizes))
             for k in program.kernels if k.kind == "gemm"}
+
+
+def _known(dim, sizes: dict | None) -> int | None:
+    """A gemm dimension's size where the sizes determine it, else None."""
+    from .. import sizes as sizes_mod
+    if not sizes:
+        return None
+    try:
+        return sizes_mod.evaluate(dim, sizes)
+    except (KeyError, EpicError):
+        return None
 
 
 def kernel_rows(program: Program, m: int, sizes: dict | None = None) -> dict[str, int]:
@@ -117,10 +128,13 @@ def kernel_rows(program: Program, m: int, sizes: dict | None = None) -> dict[str
 
 
 def specs(program: Program, configs: dict[str, config_mod.KernelConfig]) -> list:
+    """The spec of every kernel that launches, in the program's order."""
     folded = planner.folds(program, configs)
     out = []
     for k in program.kernels:
-        if k.kind == "gemm":
+        if k.kind == "gemm" and configs[k.name].vendor:
+            out.append(vendor.lower(program, k, configs[k.name]))
+        elif k.kind == "gemm":
             tail = next((c for c in program.kernels if folded.get(c.name) == k.name), None)
             out.append(evt.lower_gemm(program, k, configs[k.name],
                                       combine.lower_combine(program, tail, folded=True) if tail else None))
@@ -130,10 +144,13 @@ def specs(program: Program, configs: dict[str, config_mod.KernelConfig]) -> list
 
 
 def units(program: Program, configs: dict[str, config_mod.KernelConfig]) -> list[tuple[object, Unit]]:
-    """(spec, translation unit) for every kernel of a rewritten program that launches (a folded
-    combine kernel has none: it runs inside its gemm's unit)."""
+    """(spec, translation unit) for every kernel of a rewritten program that epic builds (a folded
+    combine kernel has none: it runs inside its gemm's unit; nor has a gemm on the vendor's library:
+    specs() gives every launched kernel)."""
     out = []
     for spec in specs(program, configs):
+        if isinstance(spec, vendor.VendorGemmSpec):
+            continue                        # the vendor's library: nothing to build
         if isinstance(spec, evt.KernelSpec):
             out.append((spec, Unit(f"{spec.symbol}.{spec.config.key()}", render_gemm(spec))))
         else:

@@ -8,6 +8,8 @@ SCHEDULES = ("cooperative", "pingpong")
 AUX_LOADS = ("tma", "direct")
 RASTERS = ("heuristic", "m", "n")     # CUTLASS RasterOrderOptions: Heuristic, AlongM, AlongN
 SWIZZLES = (1, 2, 4, 8)
+# which library runs the gemm: epic's CUTLASS kernel, or the vendor's (epic/plan/backend.py)
+BACKENDS = ("cutlass", "cublas")
 # where a row statistic's per-tile partials are merged: a combine kernel launched after the gemm, or
 # the gemm itself ("fold": the last CTA to finish a row of tiles merges that row block in tile order)
 COMBINES = ("kernel", "fold")
@@ -22,7 +24,7 @@ CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2))
 # options written as sizes: name -> (allowed numbers of parts, example)
 SIZE_OPTIONS = {"tile": ((2, 3), "128x128x64"), "cluster": ((2,), "2x1"), "epi_tile": ((2,), "128x64")}
 # options chosen from a set: name -> the spellings
-CHOICE_OPTIONS = {"schedule": SCHEDULES, "aux_load": AUX_LOADS, "raster": RASTERS, "combine": COMBINES,
+CHOICE_OPTIONS = {"backend": BACKENDS, "schedule": SCHEDULES, "aux_load": AUX_LOADS, "raster": RASTERS, "combine": COMBINES,
                   "swizzle": tuple(str(s) for s in SWIZZLES), "splits": tuple(str(s) for s in SPLITS)}
 INT_OPTIONS = ("swizzle", "splits")
 # options that change what the program computes, not how fast: the file says them, a call cannot

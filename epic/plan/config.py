@@ -24,6 +24,7 @@ from ..ir import options as vocab
 from ..ir import primitives as P
 from ..shapes import Kind
 from . import epilogue
+from .backend import BACKENDS, prefers_vendor, vendor_form
 
 SCHEDULES, AUX_LOADS, RASTERS = vocab.SCHEDULES, vocab.AUX_LOADS, vocab.RASTERS
 
@@ -49,6 +50,12 @@ class KernelConfig:
     # a row statistic's combine kernel: launched after the gemm ("kernel"), or folded into the gemm's
     # epilogue ("fold": the last CTA of each row block merges its partials; no second launch)
     combine: str = "kernel"
+    # which library runs the gemm (plan/backend.py): "cublas" uses none of the fields above
+    backend: str = "cutlass"
+
+    @property
+    def vendor(self) -> bool:
+        return self.backend != "cutlass"
 
     @property
     def raster_code(self) -> int:
@@ -63,6 +70,8 @@ class KernelConfig:
         return self.tile[1]
 
     def __str__(self) -> str:
+        if self.vendor:
+            return f"{self.backend} (the vendor's gemm, through torch.mm)"
         return (f"{self.schedule} {'x'.join(map(str, self.tile))} cluster {self.cluster[0]}x{self.cluster[1]}"
                 + (f" aux_load={self.aux_load}" if self.aux_load != "tma" else "")
                 + (f" epilogue {self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else "")
@@ -73,6 +82,8 @@ class KernelConfig:
 
     def key(self) -> str:
         """Names the built kernel: only what changes the code (not swizzle/raster/the split count)."""
+        if self.vendor:
+            return self.backend
         return (f"{self.schedule[:4]}_{'x'.join(map(str, self.tile))}_c{self.cluster[0]}x{self.cluster[1]}"
                 + (f"_{self.aux_load}" if self.aux_load != "tma" else "")
                 + (f"_e{self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else "")
@@ -85,6 +96,8 @@ class KernelConfig:
 
 
 def problems(cfg: KernelConfig) -> list[str]:
+    if cfg.backend not in BACKENDS:
+        return [f"backend must be one of {', '.join(BACKENDS)}"]
     out = [p for p in (vocab.value_problem("tile", cfg.tile), vocab.value_problem("cluster", cfg.cluster),
                        vocab.value_problem("swizzle", cfg.swizzle), vocab.value_problem("splits", cfg.splits),
                        vocab.value_problem("epi_tile", cfg.epi_tile) if cfg.epi_tile else None) if p]
@@ -97,6 +110,27 @@ def problems(cfg: KernelConfig) -> list[str]:
     if cfg.combine not in vocab.COMBINES:
         out.append(f"combine must be one of {', '.join(vocab.COMBINES)}")
     return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits, cfg.combine)
+
+
+def _backend(kernel, override: dict | None) -> str | None:
+    """The backend the call (first) or the file asks for, None where neither does; a source that sets
+    epic's kernel options (tile, schedule, ...) asks for "cutlass". A source that asks for the vendor's
+    gemm may not set those options too: they would mean nothing (E216)."""
+    chosen = None
+    for source in (kernel.options, override or {}):
+        others = sorted(k for k in source or {} if k != "backend" and k not in vocab.SEMANTIC_OPTIONS)
+        if source and "backend" not in source and others:
+            chosen = "cutlass"              # epic's kernel options ask for epic's kernel
+        elif source and "backend" in source:
+            chosen = source["backend"]
+            if chosen != "cutlass" and others:
+                raise error("E216", f"gemm '{kernel.name}': backend={chosen} takes none of epic's kernel options "
+                            f"(given: {', '.join(others)})", getattr(kernel, "span", None),
+                            f"drop {', '.join(others)}, or drop backend={chosen}")
+    if chosen is not None and chosen not in BACKENDS:
+        raise error("E216", f"gemm '{kernel.name}': unknown backend '{chosen}'", getattr(kernel, "span", None),
+                    f"use {' or '.join(BACKENDS)}")
+    return chosen
 
 
 def validate(cfg: KernelConfig, where: str = "", span=None) -> KernelConfig:
@@ -273,10 +307,21 @@ def fitting_swizzle(cfg: KernelConfig, m: int, n: int) -> int:
         if cfg.swizzle > 1 else cfg.swizzle
 
 
-def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None = None) -> KernelConfig:
+def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None = None,
+           depth: int | None = None) -> KernelConfig:
     """The configuration of one gemm: call-time override > options in the file > heuristic (the
     first configuration of its ladder whose shared memory leaves the mainloop 2 stages).
-    n: the gemm's N where the sizes are known (the heuristic takes wide tiles for some)."""
+    n, depth: the gemm's N and K where the sizes are known (the heuristic takes wide tiles for some
+    N, and the vendor's gemm for a vocabulary-sized dimension: plan/backend.py)."""
+    backend = _backend(kernel, override)
+    if backend is None and prefers_vendor(kernel, tensors, m, n, depth):
+        backend = "cublas"
+    if backend not in (None, "cutlass"):
+        form = vendor_form(kernel, tensors)
+        if isinstance(form, str):
+            raise error("E216", f"gemm '{kernel.name}' cannot run on backend={backend}: {form}",
+                        getattr(kernel, "span", None), "leave backend out (epic's own kernel fuses the epilogue)")
+        return KernelConfig("pingpong", (128, 128, 64), backend=backend)
     blocks = block_sizes(kernel)
     cfg = heuristic(m, blocks, kernel, tensors, n)
     split_cluster = any(split_block(cfg, b) for b in blocks)   # the heuristic's 1x2 cluster shares blocks
@@ -285,6 +330,7 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
     cluster_fixed = False
     swizzle_fixed = False   # and a swizzle (else the heuristic's is lowered where it would pad the grid)
     for source in (kernel.options, override or {}):
+        source = {k: v for k, v in (source or {}).items() if k != "backend"}
         if source:
             cluster_fixed = cluster_fixed or "cluster" in source
             swizzle_fixed = swizzle_fixed or "swizzle" in source

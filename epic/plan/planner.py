@@ -106,8 +106,8 @@ def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict
         raise EpicError(diags)
     # each gemm's configuration for its own row count (a backward program's dW gemm has N rows)
     configs = {k.name: config_mod.choose(k, sizes_mod.evaluate(k.rows, sizes), (overrides or {}).get(k.name),
-                                         program.tensors,
-                                         sizes_mod.evaluate(k.n, sizes))
+                                         program.tensors, sizes_mod.evaluate(k.n, sizes),
+                                         sizes_mod.evaluate(k.k, sizes))
                for k in program.kernels if k.kind == "gemm"}
     buffers = {t.name: buffer_of(t, sizes, configs) for t in program.tensors.values()}
     for t in program.tensors.values():

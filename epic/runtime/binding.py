@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import sizes as sizes_mod
-from ..codegen import evt
+from ..codegen import evt, vendor
 from ..ir.core import Tensor
 from ..plan import planner
 from . import derived, executable
@@ -32,7 +32,9 @@ def bind(plan: planner.Plan, libraries: list, device) -> Executable:
             continue
         spec, lib = by_name[k.name]
         m, n = sizes_mod.evaluate(k.rows, sizes), sizes_mod.evaluate(k.n, sizes)
-        if isinstance(spec, evt.KernelSpec):
+        if isinstance(spec, vendor.VendorGemmSpec):
+            dims = [m, n, sizes_mod.evaluate(k.k, sizes)]
+        elif isinstance(spec, evt.KernelSpec):
             cfg = plan.configs[k.name]
             dims = [m, n, sizes_mod.evaluate(k.k, sizes), cfg.swizzle, cfg.raster_code, cfg.splits]
         else:

@@ -59,6 +59,15 @@ def _gemms(program) -> dict:
     return {k.name: k.span for k in program.kernels if k.kind == "gemm"}
 
 
+def _merged(tuned: dict | None, given: dict | None) -> dict:
+    """A gemm's tuned configuration under the program's own config: the given options over the tuned
+    ones, unless either names a backend (another library's gemm has none of epic's kernel options):
+    then the given config alone."""
+    if tuned and given and ("backend" in tuned or "backend" in given):
+        return dict(given)
+    return {**(tuned or {}), **(given or {})}
+
+
 def _gpu_name(device) -> str | None:
     """The name of the GPU a call runs on (the tuning database's key), None without one or with
     EPIC_NO_TUNING set."""
@@ -124,7 +133,7 @@ class CompiledProgram:
         gpu = _gpu_name(device)
         tuned = database.lookup(self.program, sizes, gpu, _gemms(self.program)) if gpu else {}
         if tuned:
-            merged = {g: {**tuned.get(g, {}), **self.config.get(g, {})} for g in {*tuned, *self.config}}
+            merged = {g: _merged(tuned.get(g), self.config.get(g)) for g in {*tuned, *self.config}}
             try:
                 return planner.make_plan(self.program, sizes, merged)
             except EpicError as e:          # an entry the plan refuses (E216/E217): the heuristic's plan

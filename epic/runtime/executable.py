@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..plan import planner
+from .vendor_gemm import VendorGemm
 
 # TMA and vector stores need 16 bytes, the caching allocator's own blocks start at 512: 256 keeps
 # every buffer on its own sectors
@@ -41,6 +42,7 @@ class Launch:
 
     def __post_init__(self):
         # ctypes arrays built once and refilled per call (building them costs microseconds)
+        self.vendor = isinstance(self.library, VendorGemm)
         self.c_dims = (ctypes.c_longlong * len(self.dims))(*self.dims)
         self.c_ptrs = (ctypes.c_void_p * max(1, len(self.pointer_tensors)))()
         self.runtime_scalars = [(i, v) for i, v in enumerate(self.scalars) if isinstance(v, str)]
@@ -50,6 +52,9 @@ class Launch:
     def run(self, buffers: dict, scalars: dict, stream: int, device, workspace: int | None = None) -> None:
         """Launch with the tensors `buffers` (by name) and the call's scalars (by name). workspace: its
         address in the call's arena; a caller without one (run_sharded) gets a fresh allocation."""
+        if self.vendor:                     # the vendor's gemm (runtime/vendor_gemm.py) launches with tensors
+            self.library.run([buffers[name] for name in self.pointer_tensors], stream)
+            return
         ptrs = self.c_ptrs
         for i, name in enumerate(self.pointer_tensors):
             ptrs[i] = buffers[name].data_ptr() if name else 0

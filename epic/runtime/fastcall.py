@@ -34,7 +34,7 @@ from . import build, cache
 
 SOURCE = Path(__file__).resolve().parent.parent / "templates" / "launcher.cpp"
 MODULE = "epic_launcher"            # PYBIND11_MODULE's name; cache.LAUNCHER_EXPORTS names its PyInit
-ABI = 3                             # the Launcher.add/run/names/label/call signatures; the module states its own
+ABI = 4                             # the Launcher.add/run/names/label/call signatures; the module states its own
 _DEVICE_TYPES = {"cpu": 0, "cuda": 1}   # c10::DeviceType
 
 _LOCK = threading.Lock()
@@ -168,7 +168,8 @@ def register(fast, executable, tensors: list[torch.Tensor]) -> int:
     """Hand an Executable (runtime/executable.py) to a Launcher: the signature of `tensors` (the
     table's first entries, executable.inputs: its input tensors, then its derived tensors), and the
     table as it stands -- buffers with their arena offsets, per launch its function pointer, pointer
-    slots, sizes, scalars and workspace offset, the arena's size. Returns the plan's id, which
+    slots, sizes, scalars and workspace offset, the arena's size; a vendor gemm's launch (no function
+    pointer) with its operands' transposes, which the launcher runs with ATen's mm. Returns the plan's id, which
     run() and call() report back."""
     assert len(tensors) == len(executable.tensor_names) + len(executable.derived)
     slot = {n: i for i, n in enumerate(executable.names)}
@@ -181,13 +182,14 @@ def register(fast, executable, tensors: list[torch.Tensor]) -> int:
         [list(x.stride()) for x in tensors],
         [torch.empty(0, dtype=getattr(torch, b.torch_dtype)) for b in executable.allocations],
         [list(b.shape) for b in executable.allocations], [int(o) for o in executable.offsets],
-        [launch_address(l.library) for l in launches],
+        [0 if l.vendor else launch_address(l.library) for l in launches],
         [[slot[n] if n else -1 for n in l.pointer_tensors] for l in launches],
         [list(l.dims) for l in launches],
         [[0.0 if isinstance(v, str) else float(v) for v in l.scalars] for l in launches],
         [[x for i, name in l.runtime_scalars for x in (i, scalar_index[name])] for l in launches],
         [int(l.workspace) for l in launches], [int(l.workspace_offset) for l in launches], int(executable.arena),
-        [slot[n] for n in executable.outputs], [slot[n] for n in executable.keep])
+        [slot[n] for n in executable.outputs], [slot[n] for n in executable.keep],
+        [[int(l.library.spec.a_t), int(l.library.spec.b_t)] if l.vendor else [] for l in launches])
     fast.label(plan, list(executable.outputs), list(executable.keep))
     return plan
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import threading
 
-from ..codegen import emit
-from . import background, build, loader
+from ..codegen import emit, vendor
+from . import background, build, loader, vendor_gemm
 
 
 def key(configs: dict) -> tuple:
@@ -37,7 +37,14 @@ class Kernels:
         with self._lock:
             if k not in self._loaded:
                 pairs = emit.units(self.program, configs)
-                paths = build.build_all([u for _, u in pairs])
-                self._loaded[k] = [(spec, loader.load(path, [f"{p.role}:{p.tensor}" for p in spec.pointers]))
-                                   for (spec, _), path in zip(pairs, paths)]
+                paths = dict(zip((spec.name for spec, _ in pairs), build.build_all([u for _, u in pairs])))
+                self._loaded[k] = [(spec, library(spec, paths)) for spec in emit.specs(self.program, configs)]
             return self._loaded[k]
+
+
+def library(spec, paths: dict):
+    """The loaded library of one launched kernel: its built unit's (paths: kernel name -> library
+    path), or the vendor's gemm."""
+    if isinstance(spec, vendor.VendorGemmSpec):
+        return vendor_gemm.VendorGemm(spec)
+    return loader.load(paths[spec.name], [f"{p.role}:{p.tensor}" for p in spec.pointers])

@@ -8,7 +8,8 @@ reuse (a 128x256 tile loads 3/8 of the bytes per flop a 64x64 one does). Launch-
 (swizzle, raster) do not change the built kernel; they are tried on the best tiles only, and so are
 explicit epilogue tiles (wider subtiles: fewer epilogue iterations for more shared memory). Where the
 output tiles cannot fill half the SMs (decode), split-K is tried on cooperative 128-row tiles: the
-split count that comes closest to one full wave.
+split count that comes closest to one full wave. The vendor's gemm (cuBLAS) is a candidate of every
+gemm it can run (plan/backend.py).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dataclasses import replace
 
 from ..diagnostics import EpicError
 from ..ir import options as vocab
+from ..plan import backend
 from ..plan import config as config_mod
 
 SMS = 132          # H100/H200 SXM
@@ -42,6 +44,8 @@ def score(cfg: config_mod.KernelConfig, m: int, n: int) -> float:
 
 def override(cfg: config_mod.KernelConfig) -> dict:
     """The per-gemm config dict (epic.compile's `config`) that makes the plan choose cfg."""
+    if cfg.vendor:
+        return {"backend": cfg.backend}
     out = {"schedule": cfg.schedule, "tile": tuple(cfg.tile), "cluster": tuple(cfg.cluster),
            "swizzle": cfg.swizzle, "raster": cfg.raster}
     if cfg.epi_tile:
@@ -55,14 +59,20 @@ def override(cfg: config_mod.KernelConfig) -> dict:
     return out
 
 
-def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6) -> list[config_mod.KernelConfig]:
+def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6,
+               depth: int | None = None) -> list[config_mod.KernelConfig]:
     """Up to `limit` configurations of this gemm -- the heuristic's first; then one per (schedule,
     tile), best-ranked first, at the heuristic's cluster where legal; then the other clusters of the
     best tiles (the cost model cannot tell clusters apart) -- then the first two with swizzles 1 and 8
     (the heuristic's may lie between) and the other raster orders (along M, along N, CUTLASS's
     heuristic), the heuristic's tile with wider epilogue subtiles, and split-K where the tiles leave
     most SMs idle."""
-    first = config_mod.choose(kernel, m, None, tensors, n)
+    heuristic = config_mod.choose(kernel, m, None, tensors, n, depth)
+    # epic's kernels around the heuristic's CUTLASS configuration, and the vendor's gemm where it can
+    # run this gemm (first where the heuristic chose it)
+    first = config_mod.choose(kernel, m, {"backend": "cutlass"}, tensors, n) if heuristic.vendor else heuristic
+    vendor = [config_mod.choose(kernel, m, {"backend": b}, tensors, n) for b in vocab.BACKENDS
+              if b != "cutlass" and isinstance(backend.vendor_form(kernel, tensors), backend.VendorForm)]
     groups: dict[tuple, list[config_mod.KernelConfig]] = {}
     for schedule, cluster in itertools.product(vocab.SCHEDULES, CLUSTERS):
         for tile in TILES[schedule]:
@@ -94,7 +104,8 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6) -> list[co
             continue
         if all(c.key() != cfg.key() for c in out):
             out.append(cfg)
-    return out + split_k(kernel, tensors, m, n)
+    out += split_k(kernel, tensors, m, n)
+    return vendor + out if heuristic.vendor else out[:1] + vendor + out[1:]
 
 
 def split_k(kernel, tensors: dict, m: int, n: int) -> list[config_mod.KernelConfig]:

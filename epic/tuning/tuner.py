@@ -86,7 +86,8 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
     for kernel in gemms:
         m, n = sizes_mod.evaluate(kernel.rows, sizes), sizes_mod.evaluate(kernel.n, sizes)   # this gemm's own
         round_trials = []
-        for cfg in space.candidates(kernel, program.tensors, m, n, limit):
+        depth = sizes_mod.evaluate(kernel.k, sizes)
+        for cfg in space.candidates(kernel, program.tensors, m, n, limit, depth):
             trial = Trial(kernel.name, str(cfg), space.override(cfg))
             configs = {**best, kernel.name: trial.override}
             try:

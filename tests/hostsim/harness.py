@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import functools
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
 import epic
 from epic import dtypes, reference
-from epic.codegen import emit
+from epic.codegen import emit, vendor
 from epic.plan import planner
-from epic.runtime import binding, derived
+from epic.runtime import binding, derived, vendor_gemm
 
 from .. import gpu_cases
 from . import abi, compiler
@@ -47,7 +47,7 @@ def compiled(path: str):
 
 def overrides(configs: dict) -> dict[str, dict]:
     """Per-gemm overrides that make the plan use exactly these configurations."""
-    return {name: dict(tile=c.tile, schedule=c.schedule, cluster=c.cluster, aux_load=c.aux_load,
+    return {name: {"backend": c.backend} if c.vendor else dict(tile=c.tile, schedule=c.schedule, cluster=c.cluster, aux_load=c.aux_load,
                        epi_tile=c.epi_tile, swizzle=c.swizzle, raster=c.raster, combine=c.combine)
             for name, c in configs.items()}
 
@@ -60,8 +60,9 @@ class Case:
     program: object        # the rewritten program
     source_program: object
     plan: planner.Plan
-    specs: list
-    sources: list[str]     # each kernel's generated source, in plan order
+    specs: list            # the specs of the kernels epic builds, in plan order
+    sources: list[str]     # each one's generated source
+    vendor: list = field(default_factory=list)   # gemms on the vendor's library (no source): torch.mm runs them
 
     def describe(self, seed=None) -> str:
         configs = ", ".join(f"{k} {c.key()}" for k, c in self.plan.configs.items())
@@ -87,7 +88,17 @@ def prepare(path: str, sizes: dict, config_m: int, options: dict | None = None) 
     plan.aliases = {}
     pairs = emit.units(prog.program, plan.configs)
     return Case(path, dict(sizes), config_m, prog.program, prog.analysis.source_program, plan,
-                [spec for spec, _ in pairs], [unit.source for _, unit in pairs])
+                [spec for spec, _ in pairs], [unit.source for _, unit in pairs],
+                [s for s in emit.specs(prog.program, plan.configs) if isinstance(s, vendor.VendorGemmSpec)])
+
+
+def libraries(case: Case) -> list:
+    """(spec, library) of every launched kernel: the sources compiled for the host, after checking
+    what runtime/loader.load checks before binding, and the vendor's gemms (runtime/vendor_gemm.py)."""
+    built = compiler.build(case.sources)
+    for spec, lib in zip(case.specs, built):
+        assert lib.info["ptrs"] == [f"{p.role}:{p.tensor}" for p in spec.pointers], (lib.info, spec.pointers)
+    return list(zip(case.specs, built)) + [(spec, vendor_gemm.VendorGemm(spec)) for spec in case.vendor]
 
 
 # ------------------------------------------------------------------------------------------ inputs
@@ -135,11 +146,8 @@ def run(case: Case, inputs: dict, fill: int | None = None) -> dict[str, torch.Te
     """Every buffer the plan allocates, after running the case's kernels on the host in order,
     exactly as CompiledProgram.__call__ launches them. Buffers start poisoned (binding.allocate),
     or filled with the byte `fill`."""
-    libraries = compiler.build(case.sources)
-    for spec, lib in zip(case.specs, libraries):     # what runtime/loader.load checks before binding
-        assert lib.info["ptrs"] == [f"{p.role}:{p.tensor}" for p in spec.pointers], (lib.info, spec.pointers)
     # device -1: torch.cuda.device(-1) is a no-op, so the runtime's bind works without CUDA
-    bound = binding.bind(case.plan, list(zip(case.specs, libraries)), -1)
+    bound = binding.bind(case.plan, libraries(case), -1)
     program = case.program
     buffers = {t.name: _host_tensor(t, inputs[t.name]) for t in program.inputs() if not t.is_scalar}
     scalars = binding.scalar_values([t for t in program.inputs() if t.is_scalar], inputs)   # the runtime's own
@@ -159,8 +167,7 @@ def run_compiled(case: Case, inputs: dict, fast) -> tuple[dict[str, torch.Tensor
     `fast`) on the host: (every buffer, by keep=True; the outputs, by keep=False). Its buffers are
     not poisoned (at::empty): compare with run()'s."""
     from epic.runtime import fastcall
-    libraries = compiler.build(case.sources)
-    bound = binding.bind(case.plan, list(zip(case.specs, libraries)), -1)
+    bound = binding.bind(case.plan, libraries(case), -1)
     bound.device = torch.device("cpu")
     program = case.program
     names = [t.name for t in program.inputs() if not t.is_scalar]

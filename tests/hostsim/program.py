@@ -29,7 +29,7 @@ class HostProgram:
     def _bind(self, sizes: dict[str, int], device=CPU) -> binding.Bound:
         assert torch.device(device) == CPU, device
         case = harness.prepare(self.path, sizes, self.config_m)
-        bound = binding.bind(case.plan, list(zip(case.specs, compiler.build(case.sources))), -1)
+        bound = binding.bind(case.plan, harness.libraries(case), -1)
         bound.device = CPU
         return bound
 
