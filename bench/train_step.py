@@ -11,7 +11,9 @@ F 14336; backward from a random dy). Candidates, all on the same operand tensors
   cublas   the pass's gemms alone (ce: logits, dX, dW; mlp: gate/up, down and their four gradients):
            every ratio is the median over rounds of a candidate's time / cuBLAS's in the same round
   epic     epic.autograd: the derived forward and backward kernels, through its call path (ce also:
-           epic-fused, epic-fused-2048, epic-fused-whole: policy fused in 4096- or 2048-row chunks, whole)
+           epic-fused, epic-fused-2048, epic-fused-whole: policy fused in 4096- or 2048-row chunks, whole;
+           epic-fused-cutlass: 4096-row chunks with dX and dW on epic's kernels, where the heuristic
+           gives them cuBLAS: plan/backend.py)
   eager    the block as plain torch operations (also the reference of the check below)
   compile  torch.compile of the eager form, forward and backward
   quack    QuACK: chunked_linear_cross_entropy / mlp_func(activation="swiglu") on the interleaved gate/up
@@ -115,6 +117,8 @@ def _backward_of(loss_fn):
 
 
 FUSED_CHUNK = 4096       # rows per chunk of epic's fused loss
+# the fused loss's dX and dW gemms on epic's own kernels (the heuristic gives them cuBLAS at V = 128256)
+CUTLASS_GRADS = {g: {"backend": "cutlass"} for g in ("lm_head_da", "lm_head_db")}
 
 
 def ce_cublas(o, opts):
@@ -134,13 +138,13 @@ def ce_epic(o, opts):
     return Step(_backward_of(lambda: f(x=o.x, w=o.w.t(), label=o.label)["loss"].sum()), o.grads)
 
 
-def _ce_epic_fused(chunk_rows):
+def _ce_epic_fused(chunk_rows, config=None):
     """policy "fused": the gradients computed in the forward (3 gemms); weights 1: the sum of the rows."""
     def build(o, opts):
-        f = epic.autograd(_program("ce"), policy="fused", fallback=opts.fallback, chunk_rows=chunk_rows)
+        f = epic.autograd(_program("ce"), policy="fused", fallback=opts.fallback, chunk_rows=chunk_rows, config=config)
         ones = torch.ones(o.m, device=o.device, dtype=torch.float32)
         return Step(_backward_of(lambda: f(x=o.x, w=o.w.t(), label=o.label, d_loss=ones)[0]), o.grads,
-                    f"policy fused, chunk_rows={chunk_rows}")
+                    f"policy fused, chunk_rows={chunk_rows}" + (f", config {config}" if config else ""))
     return build
 
 
@@ -169,7 +173,9 @@ def ce_liger(o, opts):
 
 
 CE = {"cublas": ce_cublas, "epic": ce_epic, "epic-fused": _ce_epic_fused(FUSED_CHUNK),
-      "epic-fused-whole": _ce_epic_fused(None), "epic-fused-2048": _ce_epic_fused(2048), "eager": ce_eager,
+      "epic-fused-whole": _ce_epic_fused(None), "epic-fused-2048": _ce_epic_fused(2048),
+      "epic-fused-cutlass": _ce_epic_fused(FUSED_CHUNK, CUTLASS_GRADS),
+      "eager": ce_eager,
       "compile": ce_compile, "quack": ce_quack,
       "liger": ce_liger}
 
@@ -445,20 +451,20 @@ def main(argv=None) -> int:
     return 0
 
 
-def prebuild(rows: int = 8192) -> None:
+def prebuild(rows: int = 8192, works=tuple(SHAPES)) -> None:
     """Build the kernels this benchmark runs, in parallel (`python -c 'import bench.train_step as t;
     t.prebuild()'`), before the timed run."""
     from epic.runtime import build
-    for p in build.build_all(units(rows)):
+    for p in build.build_all(units(rows, works)):
         print(p)
 
 
-def units(rows: int = 8192) -> list:
+def units(rows: int = 8192, works=tuple(SHAPES)) -> list:
     """The kernels this benchmark runs at these rows."""
     from epic.autodiff.derive import derive_source
     from epic.codegen import emit
     units = []
-    for work, shapes in SHAPES.items():
+    for work, shapes in ((w, SHAPES[w]) for w in works):
         d = epic.grad(_program(work))
         texts = [(d.forward_text, rows), (d.backward_text, rows)]
         if work == "ce":                  # the fused loss, whole and in chunks (the later chunks' variant too)
@@ -469,8 +475,9 @@ def units(rows: int = 8192) -> list:
             prog = epic.compile(text)
             sizes = dict(shapes, M=m)
             sizes = {k: v for k, v in sizes.items() if k in prog.program.dims}
-            configs = emit.kernel_configs(prog.program, m, None, sizes)
-            units += [u for _, u in emit.units(prog.program, configs)]
+            for overrides in (None, CUTLASS_GRADS if any(k.name == "lm_head_da" for k in prog.program.kernels) else None):
+                configs = emit.kernel_configs(prog.program, m, overrides, sizes)
+                units += [u for _, u in emit.units(prog.program, configs)]
     return list({u.name + str(hash(u.source)): u for u in units}.values())
 
 
