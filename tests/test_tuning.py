@@ -244,21 +244,40 @@ def test_a_candidate_slower_than_the_give_up_time_is_timed_once():
 
     def timed(ms):
         return lambda fn: fn() or runs.append(ms) or ms
-    assert measure.median_ms(lambda: None, reps=9, warmup=2, give_up_ms=5.0, timed=timed(7.0)) == 7.0
+    assert measure.median_ms(lambda: None, reps=9, warmup=2, give_up_ms=5.0, timed=timed(7.0), settle_s=0) == 7.0
     assert len(runs) == 1                       # the first timed run was over: no more
     runs.clear()
-    assert measure.median_ms(lambda: None, reps=9, warmup=2, give_up_ms=5.0, timed=timed(4.0)) == 4.0
+    assert measure.median_ms(lambda: None, reps=9, warmup=2, give_up_ms=5.0, timed=timed(4.0), settle_s=0) == 4.0
     assert len(runs) == 9
     runs.clear()
-    assert measure.median_ms(lambda: None, reps=5, warmup=0, timed=timed(70.0)) == 70.0 and len(runs) == 5
+    assert measure.median_ms(lambda: None, reps=5, warmup=0, timed=timed(70.0), settle_s=0) == 70.0 and len(runs) == 5
     times = iter([3.0, 1.0, 9.0, 2.0, 8.0])     # the median, and a later slow run does not stop it
-    assert measure.median_ms(lambda: None, reps=5, warmup=0, give_up_ms=4.0, timed=lambda fn: next(times)) == 3.0
+    assert measure.median_ms(lambda: None, reps=5, warmup=0, give_up_ms=4.0, timed=lambda fn: next(times),
+                             settle_s=0) == 3.0
     runs.clear()                                # exactly the give-up time is not over it
-    assert measure.median_ms(lambda: None, reps=4, warmup=0, give_up_ms=5.0, timed=timed(5.0)) == 5.0
+    assert measure.median_ms(lambda: None, reps=4, warmup=0, give_up_ms=5.0, timed=timed(5.0), settle_s=0) == 5.0
     assert len(runs) == 4
     runs.clear()                                # defaults: 3 untimed warm-up calls, 20 timed ones, of fn itself
-    measure.median_ms(lambda: calls.append(1), timed=timed(1.0))
+    measure.median_ms(lambda: calls.append(1), timed=timed(1.0), settle_s=0)
     assert len(calls) == 23 and len(runs) == 20
+    calls.clear()                               # a settling time runs it (synchronized) before the timed runs
+    syncs = []
+    measure.median_ms(lambda: calls.append(1), reps=2, warmup=0, timed=timed(1.0), settle_s=1e-12,
+                      sync=lambda: syncs.append(len(calls)))
+    assert syncs == [1] and len(calls) == 3
+
+
+def test_settling_runs_every_function_until_its_time_has_passed():
+    """The GPU's clocks under sustained load, before anything is timed (measure.SETTLE_S: an idle GPU's
+    boost clocks made a child process time a kernel 11% faster than it runs under load)."""
+    from epic.tuning import measure
+    now = iter(range(100))                      # one "second" per clock reading
+    order, syncs = [], []
+    n = measure.settle([lambda: order.append("a"), lambda: order.append("b")], 3.0,
+                       sync=lambda: syncs.append(len(order)), clock=lambda: float(next(now)))
+    assert n == 3 and order == ["a", "b"] * 3 and syncs == [2, 4, 6]
+    assert measure.settle([lambda: order.append("x")], 0.0) == 0 and order[-1] == "b"   # none: nothing runs
+    assert measure.SETTLE_S >= 0.5
 
 
 def test_the_tuner_gives_up_at_three_times_the_best_so_far(db, monkeypatch):
@@ -393,20 +412,24 @@ def test_a_paired_time_is_the_reference_scaled_by_the_median_ratio_of_rounds():
         order.append("r")
         return next(clock) if len(order) > 2 else 0.0
     # warm-up: c r; then rounds alternate: r c, c r, r c, c r, r c
-    got = measure.paired_ms(cand, ref, 3.0, reps=5, warmup=1, timed=timed)
+    got = measure.paired_ms(cand, ref, 3.0, reps=5, warmup=1, timed=timed, settle_s=0)
     assert order == ["c", "r", "r", "c", "c", "r", "r", "c", "c", "r", "r", "c"]
     # per round (cand / ref): 5/10, 6/12, 4/8, 100/110, 10/20 -> median 0.5
     assert got == pytest.approx(1.5)
     clock = iter([1.0, 4.0] + [1.0] * 20)        # the first round at 4x the reference: over 6 ms, stops there
     calls = []
     assert measure.paired_ms(lambda: calls.append(1) or next(clock), lambda: next(clock), 2.0, reps=9, warmup=0,
-                             give_up_ms=6.0, timed=timed) == 8.0 and len(calls) == 1
+                             give_up_ms=6.0, timed=timed, settle_s=0) == 8.0 and len(calls) == 1
     calls.clear()                                # exactly at the give-up time is not over it
     assert measure.paired_ms(lambda: calls.append(1) or 3.0, lambda: 1.0, 2.0, reps=4, warmup=0, give_up_ms=6.0,
-                             timed=timed) == 6.0 and len(calls) == 4
+                             timed=timed, settle_s=0) == 6.0 and len(calls) == 4
     calls.clear()                                # defaults: 3 untimed warm-up pairs, then 20 rounds
-    measure.paired_ms(lambda: calls.append(1) or 1.0, lambda: 1.0, 1.0, timed=timed)
+    measure.paired_ms(lambda: calls.append(1) or 1.0, lambda: 1.0, 1.0, timed=timed, settle_s=0)
     assert len(calls) == 23
+    calls.clear()                                # a settling time runs both, before the rounds
+    measure.paired_ms(lambda: calls.append("c") or 1.0, lambda: calls.append("r") or 1.0, 1.0, reps=1, warmup=0,
+                      timed=timed, settle_s=1e-12, sync=lambda: calls.append("sync"))
+    assert calls[:3] == ["c", "r", "sync"] and len(calls) == 5
 
 
 class FakeGPU:

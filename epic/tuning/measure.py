@@ -1,7 +1,7 @@
 """Timing a call on the GPU the way the benchmark does: the L2 cache flushed before every run (a
 tuned kernel must not win by finding its operands in L2), CUDA events around the call alone, the
-median of `reps` runs after `warmup`. A candidate whose first timed run is already slower than
-`give_up_ms` (a multiple of the best time so far: it cannot win) stops there, so that a
+median of `reps` runs after `warmup` runs and SETTLE_S seconds of back-to-back runs. A candidate
+whose first timed run is already slower than `give_up_ms` (a multiple of the best time so far: it cannot win) stops there, so that a
 pathological configuration (spills, a degenerate tile grid: 16x cuBLAS was seen) costs one run,
 not `reps`.
 
@@ -12,15 +12,40 @@ runs milliseconds apart, taken over rounds, is stable to a fraction of a percent
 from __future__ import annotations
 
 import statistics
+import time
 
 L2_FLUSH_BYTES = 256 << 20      # larger than the H200's 50 MiB L2
+# Seconds of back-to-back runs before the timed ones. A GPU that was idle (a child process of
+# tuning/trial.py starts after seconds without work) runs its first hundred milliseconds at boost
+# clocks that its power limit lowers under sustained load, and not every kernel slows alike: a
+# cooperative 128x256 bias + GELU kernel timed at 1.295 ms that way and at 1.45 ms in a tuning
+# process already under load, where the heuristic's read 1.309 ms both ways; in the interleaved
+# harness it is 11% slower than the heuristic's (bench/results/2026-12-02-h200-tune-gelu-isolated.log).
+SETTLE_S = 1.0
 
 
-def median_ms(fn, reps: int = 20, warmup: int = 3, give_up_ms: float | None = None, timed=None) -> float:
+def settle(fns, seconds: float = SETTLE_S, sync=None, clock=time.perf_counter) -> int:
+    """Run fns in turn, synchronized, until `seconds` have passed (at least once each; not at all for
+    seconds <= 0): the GPU at the clocks it keeps under load. Returns the rounds run."""
+    if seconds <= 0:
+        return 0
+    sync = sync or _cuda_sync
+    start, n = clock(), 0
+    while n == 0 or clock() - start < seconds:
+        for fn in fns:
+            fn()
+        sync()
+        n += 1
+    return n
+
+
+def median_ms(fn, reps: int = 20, warmup: int = 3, give_up_ms: float | None = None, timed=None,
+              settle_s: float = SETTLE_S, sync=None) -> float:
     """timed(fn) -> ms of one run (default: CUDA events after an L2 flush); tests pass their own."""
     timed = timed or _cuda_timer()
     for _ in range(warmup):
         fn()
+    settle([fn], settle_s, sync)
     times = []
     for _ in range(reps):
         times.append(timed(fn))
@@ -30,7 +55,7 @@ def median_ms(fn, reps: int = 20, warmup: int = 3, give_up_ms: float | None = No
 
 
 def paired_ms(fn, ref, reference_ms: float, reps: int = 20, warmup: int = 3, give_up_ms: float | None = None,
-              timed=None) -> float:
+              timed=None, settle_s: float = SETTLE_S, sync=None) -> float:
     """fn's time as reference_ms x the median over `reps` rounds of fn's time over ref's time in the
     same round; rounds alternate which of the two runs first. A first round whose scaled time is over
     give_up_ms stops there."""
@@ -38,6 +63,7 @@ def paired_ms(fn, ref, reference_ms: float, reps: int = 20, warmup: int = 3, giv
     for _ in range(warmup):
         fn()
         ref()
+    settle([fn, ref], settle_s, sync)
     ratios = []
     for i in range(reps):
         if i % 2:
@@ -48,6 +74,11 @@ def paired_ms(fn, ref, reference_ms: float, reps: int = 20, warmup: int = 3, giv
         if give_up_ms is not None and i == 0 and reference_ms * ratios[0] > give_up_ms:
             break
     return reference_ms * statistics.median(ratios)
+
+
+def _cuda_sync() -> None:
+    import torch
+    torch.cuda.synchronize()
 
 
 def _cuda_timer():
