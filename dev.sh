@@ -3,7 +3,8 @@
 #   ./dev.sh setup   make .venv, install torch (CPU build) and epic (non-editable, as users get it),
 #                    then the main job: compile samples/residual_rmsnorm.epi to CUDA in out/ and
 #                    build it with nvcc into the kernel cache (no GPU needed)
-#   ./dev.sh test    run the test suite (GPU tests skip themselves without CUDA)
+#   ./dev.sh test    run the test suite (GPU tests skip themselves without CUDA) in 2 processes
+#                    (EPIC_TEST_WORKERS=N for N, 0 for one process)
 #   ./dev.sh mutation  the mutation score (slow: about 2 hours on 2 cores; not part of CI), in a
 #                    copy of HEAD under ${EPIC_MUTATION_DIR:-/tmp/epic-mutation}; configuration in
 #                    pyproject.toml [tool.mutmut]; results in tests/mutation/README.md
@@ -27,8 +28,10 @@ case "${1:-}" in
     ;;
   test)
     shift
-    # run from tests' parent with the installed package (not the source tree) on the path
-    "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+    # run from tests' parent with the installed package (not the source tree) on the path; in
+    # EPIC_TEST_WORKERS processes (default 2: the nvcc tests run parallel nvcc themselves, and each
+    # nvcc of a CUTLASS kernel takes about 2 GB); worksteal evens out the long nvcc tests
+    "$VENV/bin/python" -m pytest -q -p no:cacheprovider -n "${EPIC_TEST_WORKERS:-2}" --dist worksteal "$@"
     ;;
   mutation)
     shift
