@@ -95,19 +95,33 @@ def test_large_m_falls_back_down_the_ladder_when_the_epilogue_leaves_too_little_
 
 
 def test_the_heuristics_swizzle_never_pads_the_tile_grid():
-    """CUTLASS's scheduler rounds each dimension's tile count up to swizzle x cluster and runs the
-    padding tiles: the heuristic lowers its swizzle of 8 where that would add tiles."""
+    """epic's scheduler rounds the dimension its swizzle groups (N when rastering along M, M along N)
+    up to swizzle x cluster and runs the padding tiles: the heuristic takes the raster order whose
+    grouped dimension the swizzle divides, and lowers its swizzle of 8 where neither does."""
     wide = config.WIDE_N[0]                              # pingpong 128x192, cluster 2x1
-    # N = 28672: 149.3 -> 150 columns of tiles; swizzle 8 (and 4) round them to 152, 2 does not
+    # N = 28672: 149.3 -> 150 columns of tiles, 64 rows. Along M (CUTLASS's heuristic order: more
+    # columns than rows) swizzle 8 and 4 round the columns to 152, 2 does not; along N the swizzle groups
+    # the 64 rows (in clusters of 2): 8 x 2 divides them, and the 150 columns stay as they are
     assert [config.padded_tiles(wide, 8192, 28672, s) for s in (1, 2, 4, 8)] == [64 * 150] * 2 + [64 * 152] * 2
+    assert [config.padded_tiles(wide, 8192, 28672, s, "n") for s in (1, 2, 4, 8)] == [64 * 150] * 4
+    # M = 1000: 8 rows of tiles; along N swizzle 8 groups them to 16, along M 4 keeps 8
+    assert [config.padded_tiles(wide, 1000, 28672, s, "n") for s in (1, 4, 8)] == [8 * 150, 8 * 150, 16 * 150]
     prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out y: bf16 = acc\n}\n").program
-    # (epic's kernel at N = 128256, where the heuristic would give this plain gemm cuBLAS: plan/backend.py)
-    swizzle = {n: planner.make_plan(prog, dict(M=8192, K=4096, N=n), {"g": {"backend": "cutlass"}}).configs["g"].swizzle
-               for n in (4096, 14336, 28672, 128256)}
+
+    def order(m, n):    # (epic's kernel at N = 128256, where the heuristic would give this gemm cuBLAS)
+        c = planner.make_plan(prog, dict(M=m, K=4096, N=n), {"g": {"backend": "cutlass"}}).configs["g"]
+        return c.swizzle, c.raster
     assert planner.make_plan(prog, dict(M=8192, K=4096, N=128256)).configs["g"].backend == "cublas"
-    # 14336 / 192 -> 75 columns (odd); 128256 / 192 -> 668 columns: a multiple of 4, not of 8 (672)
-    assert swizzle == {4096: 8, 14336: 1, 28672: 2, 128256: 4}
-    assert planner.make_plan(prog, dict(M=64, K=4096, N=28672)).configs["g"].swizzle == 1   # decode: 1 as before
+    # 128x128 tiles at N = 4096: 64 rows, 32 columns; CUTLASS's order (along N there) groups the rows
+    assert order(8192, 4096) == (8, "heuristic")
+    # 75 (14336 / 192), 150, 668 columns: swizzle 8 pads them; along N it groups the 64 rows instead
+    assert [order(8192, n) for n in (14336, 28672, 128256)] == [(8, "n")] * 3
+    # M = 1000 (8 rows of tiles): along N only 4 fits the rows; 668 columns along M take 4 too
+    assert [order(1000, n) for n in (14336, 128256)] == [(4, "n"), (4, "heuristic")]
+    assert order(64, 28672) == (1, "heuristic")     # decode: one row of tiles, no swizzle
+    # a raster order the file gives is kept: the swizzle is lowered instead
+    fixed = planner.make_plan(prog, dict(M=8192, K=4096, N=14336), {"g": {"backend": "cutlass", "raster": "m"}})
+    assert (fixed.configs["g"].swizzle, fixed.configs["g"].raster) == (1, "m")
     # a swizzle the file or the call gives is kept as given
     assert planner.make_plan(prog, dict(M=8192, K=4096, N=28672), {"g": {"swizzle": 8}}).configs["g"].swizzle == 8
     fixed = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with swizzle=4 {\n  out y: bf16 = acc\n}\n").program

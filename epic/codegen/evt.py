@@ -68,8 +68,15 @@ class KernelSpec:
 
     @property
     def tile_scheduler(self) -> str:
-        """The kernel's tile scheduler: the stream-K one (in split-K mode) where the plan splits K."""
-        return "cutlass::gemm::StreamKScheduler" if self.config.split_k else "void"
+        """The kernel's tile scheduler: the stream-K one (in split-K mode) where the plan splits K, else
+        CUTLASS's persistent one with a swizzle that pads only the dimension it groups
+        (templates/nodes/epic_nodes/grouped_tile_scheduler.hpp)."""
+        return "cutlass::gemm::StreamKScheduler" if self.config.split_k else "::epic_nodes::GroupedPersistentScheduler"
+
+    @property
+    def scheduler_headers(self) -> list[str]:
+        """Node headers printed outside the kernel's namespace (a scheduler specializes CUTLASS's selector)."""
+        return [] if self.config.split_k else ["epic_nodes/grouped_tile_scheduler.hpp"]
 
 
 class Builder:

@@ -13,7 +13,8 @@ Heuristic (chosen from H200 measurements: docs/PERFORMANCE.md, "Tuning"):
                swizzle 8 or less
 The tile width is then narrowed if a 1xB block does not divide it. A file that fixes the tile but
 not the schedule gets a schedule that accepts the tile. Unless the file or the call gives one, the
-swizzle is the largest (up to 8) that adds no padding tiles to the grid (fitting_swizzle).
+swizzle is the largest (up to 8) that adds no padding tiles to the grid, in whichever raster order
+allows it (fitting_order).
 """
 from __future__ import annotations
 
@@ -289,22 +290,47 @@ def _log_swizzle(blocks_m: int, blocks_n: int, most: int) -> int:
     return 0
 
 
-def padded_tiles(cfg: KernelConfig, m: int, n: int, swizzle: int) -> int:
-    """The tiles CUTLASS's persistent scheduler walks at this swizzle: it rounds each dimension's
-    tile count up to swizzle x cluster, and the padding tiles are scheduled (and idle) like real ones."""
+def _raster(cfg: KernelConfig, blocks_m: int, blocks_n: int, raster: str | None = None) -> str:
+    """The raster order the scheduler runs: "heuristic" resolves as CUTLASS's does (along M where
+    there are more columns of tiles than rows)."""
+    raster = raster or cfg.raster
+    if raster == "heuristic":
+        return "m" if blocks_n > blocks_m else "n"
+    return raster
+
+
+def padded_tiles(cfg: KernelConfig, m: int, n: int, swizzle: int, raster: str | None = None) -> int:
+    """The tiles epic's persistent scheduler walks (templates/nodes/epic_nodes/grouped_tile_scheduler.hpp):
+    each dimension's tile count rounded up to the cluster, and the dimension the swizzle groups (M when
+    rastering along N, N along M) to swizzle x cluster; padding tiles are scheduled (and idle) like real
+    ones. (CUTLASS's own scheduler rounds both dimensions to swizzle x cluster.)"""
+    cm, cn = cfg.cluster
     bm, bn = -(-m // cfg.tile_m), -(-n // cfg.tile_n)
+    bm, bn = -(-bm // cm) * cm, -(-bn // cn) * cn
     step = 1 << _log_swizzle(bm, bn, swizzle)
-    return -(-bm // (step * cfg.cluster[0])) * step * cfg.cluster[0] * (-(-bn // (step * cfg.cluster[1])) * step * cfg.cluster[1])
+    if _raster(cfg, bm, bn, raster) == "n":
+        bm = -(-bm // (step * cm)) * step * cm
+    else:
+        bn = -(-bn // (step * cn)) * step * cn
+    return bm * bn
 
 
-def fitting_swizzle(cfg: KernelConfig, m: int, n: int) -> int:
-    """The largest swizzle up to the configuration's that pads the tile grid no more than swizzle 1:
-    a padding tile costs a wave slot like a real one (swizzle 8 turns 150 columns of 128x192 tiles at
-    N = 28672 into 152), while a larger swizzle keeps more of a wave's operands in L2 where it pads
-    nothing (docs/PERFORMANCE.md, "The tile scheduler's swizzle pads the grid")."""
+def fitting_order(cfg: KernelConfig, m: int, n: int, raster_fixed: bool = False) -> tuple[int, str]:
+    """The largest swizzle up to the configuration's, and a raster order, that pad the tile grid no
+    more than swizzle 1: a padding tile costs a wave slot like a real one, while a larger swizzle
+    keeps a wave's operands in L2 (docs/PERFORMANCE.md, "The tile scheduler's swizzle"). The
+    configuration's raster order first; unless the file or the call fixed it, the other where only
+    that one groups a dimension the swizzle divides (N = 14336 on 128x192 tiles: 75 columns and 64 rows
+    of tiles; along N with swizzle 8, grouping rows)."""
+    if cfg.swizzle <= 1:
+        return cfg.swizzle, cfg.raster
     least = padded_tiles(cfg, m, n, 1)
-    return next(s for s in (8, 4, 2, 1) if s <= cfg.swizzle and padded_tiles(cfg, m, n, s) == least) \
-        if cfg.swizzle > 1 else cfg.swizzle
+    rasters = [cfg.raster] if raster_fixed else [cfg.raster] + [r for r in ("m", "n") if r != cfg.raster]
+    for s in (8, 4, 2):
+        for r in rasters:
+            if s <= cfg.swizzle and padded_tiles(cfg, m, n, s, r) == least:
+                return s, r
+    return 1, cfg.raster
 
 
 def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None = None,
@@ -329,11 +355,13 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
     schedule_fixed = False  # so is a schedule
     cluster_fixed = False
     swizzle_fixed = False   # and a swizzle (else the heuristic's is lowered where it would pad the grid)
+    raster_fixed = False
     for source in (kernel.options, override or {}):
         source = {k: v for k, v in (source or {}).items() if k != "backend"}
         if source:
             cluster_fixed = cluster_fixed or "cluster" in source
             swizzle_fixed = swizzle_fixed or "swizzle" in source
+            raster_fixed = raster_fixed or "raster" in source
             tile = tuple(source.get("tile", cfg.tile))
             tile_fixed = tile_fixed or "tile" in source
             splits = int(source.get("splits", cfg.splits))
@@ -354,7 +382,8 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
         cfg = _with_blocks(cfg, blocks)        # ... or made the tile narrower than a block: widen it
     cfg = _block_epilogue(cfg, blocks)
     if not swizzle_fixed and n is not None and m > 0 and n > 0:
-        cfg = replace(cfg, swizzle=fitting_swizzle(cfg, m, n))
+        swizzle, raster = fitting_order(cfg, m, n, raster_fixed)
+        cfg = replace(cfg, swizzle=swizzle, raster=raster)
     cfg = validate(cfg, f"gemm '{kernel.name}'", getattr(kernel, "span", None))
     if not fits(kernel, tensors, cfg):
         epi, stage = smem_estimate(kernel, tensors, cfg)
