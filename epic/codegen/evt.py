@@ -71,7 +71,7 @@ class KernelSpec:
         """The kernel's tile scheduler: the stream-K one (in split-K mode) where the plan splits K, else
         CUTLASS's persistent one with a swizzle that pads only the dimension it groups
         (templates/nodes/epic_nodes/grouped_tile_scheduler.hpp)."""
-        return "cutlass::gemm::StreamKScheduler" if self.config.split_k else "::epic_nodes::GroupedPersistentScheduler"
+        return "cutlass::gemm::StreamKScheduler" if self.config.split_k else "epic_scheduler::GroupedPersistentScheduler"
 
     @property
     def scheduler_headers(self) -> list[str]:

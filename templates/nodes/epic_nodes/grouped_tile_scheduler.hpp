@@ -1,6 +1,6 @@
-// ::epic_nodes::GroupedPersistentScheduler (global namespace: node headers print inside the kernel's
-// namespace, whose own epic_nodes would hide it): CUTLASS's sm90 persistent tile scheduler with a swizzle
-// that pads only the dimension it groups.
+// epic_scheduler::GroupedPersistentScheduler: CUTLASS's sm90 persistent tile scheduler with a swizzle
+// that pads only the dimension it groups. (Printed outside the kernel's namespace, as it specializes
+// CUTLASS's selector; not in epic_nodes, which the kernel's namespace has too.)
 //
 // CUTLASS's scheduler walks the tiles along one dimension (the raster order) in groups of `swizzle`
 // clusters of the other, so that one wave's operands stay in L2. It rounds *both* dimensions' tile
@@ -14,7 +14,7 @@
 
 #include "cutlass/gemm/kernel/tile_scheduler.hpp"
 
-namespace epic_nodes {
+namespace epic_scheduler {
 
 struct GroupedPersistentScheduler {};   // the tag GemmUniversal takes
 
@@ -69,12 +69,12 @@ class GroupedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
   }
 };
 
-}  // namespace epic_nodes
+}  // namespace epic_scheduler
 
 namespace cutlass::gemm::kernel::detail {
 template <class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
-struct TileSchedulerSelector<epic_nodes::GroupedPersistentScheduler, ArchTag, TileShape, ClusterShape,
+struct TileSchedulerSelector<epic_scheduler::GroupedPersistentScheduler, ArchTag, TileShape, ClusterShape,
                              SchedulerPipelineStageCount> {
-  using Scheduler = epic_nodes::GroupedTileScheduler;
+  using Scheduler = epic_scheduler::GroupedTileScheduler;
 };
 }  // namespace cutlass::gemm::kernel::detail
