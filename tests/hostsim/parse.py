@@ -241,7 +241,7 @@ def parse_gemm(text: str) -> GemmSource:
         name, args = _type_name_and_args(type_text)
         nodes.append(NodeDecl(int(i), strip_comments(type_text).strip(), name, args, comment.strip(), init, inputs))
 
-    gemm_args = strip_comments(braced_after(text, r"typename Gemm::Arguments args\s*\{", "Gemm::Arguments"))
+    gemm_args = strip_comments(braced_after(text, r"typename GemmKernel::Arguments args\s*\{", "GemmKernel::Arguments"))
     a = one(r"static_cast<ElementA const\*>\(p\[\d+\]\)", gemm_args, "the A operand").group(0)
     b = one(r"static_cast<ElementB const\*>\(p\[\d+\]\)", gemm_args, "the B operand").group(0)
     epi = one(r"\{\s*dag_args\s*,([^}]*)\}", gemm_args, "the epilogue arguments").group(1)
