@@ -173,6 +173,17 @@ def test_every_swizzle_and_raster_order_covers_every_tile(name, swizzle, raster,
     _check_against_reference(prog, name, size)
 
 
+@pytest.mark.parametrize("swizzle,raster", LAUNCH_ORDERS, ids=lambda v: str(v))
+def test_a_1x2_clusters_swizzle_covers_every_tile(swizzle, raster):
+    """The same with the cluster along N (1x2): the walk and the grouping then step two columns of
+    tiles at a time (1000 x 1352: 8 x 11 tiles, 12 columns in clusters of 2)."""
+    name, size = "samples/residual_rmsnorm.epi", (1000, 1352, 200)
+    prog = epic.compile(path(name), config={k.name: {"swizzle": swizzle, "raster": raster, "cluster": (1, 2)}
+                                            for k in compiled(name).program.kernels if k.kind == "gemm"})
+    assert all(c.cluster == (1, 2) for c in prog.plan(PROGRAMS[name](*size)).configs.values())
+    _check_against_reference(prog, name, size)
+
+
 _FOLDED = {}
 
 
