@@ -86,7 +86,7 @@ def test_residual_rmsnorm_lowering():
         ("A", "x"), ("B", "wo"), ("D", "resid"), ("aux_load", "z"), ("row", "gamma"), ("aux_store", "hg"),
         ("row_partial", "o_proj__row_mean_part0")]
     types = [n.type.split("<")[0] for n in spec.nodes]
-    assert types == ["Sm90AccFetch", "Sm90AuxLoad", "epic_nodes::Sm90RowBroadcastPrefetch", "Sm90Compute", "Sm90AuxStore",
+    assert types == ["Sm90AccFetch", "Sm90AuxLoad", "Sm90RowBroadcast", "Sm90Compute", "Sm90AuxStore",
                      "Sm90Compute", "Sm90ColReduction", "Sm90Compute"]
     assert "FinalReduction=*/false" in spec.nodes[6].type and "cutlass::plus" in spec.nodes[6].type
     assert spec.nodes[-1].type == "Sm90Compute<epic_fn2, cutlass::bfloat16_t, float, RN>"   # D = resid, bf16

@@ -133,7 +133,7 @@ def fold_skips_last_tile(source: str) -> str:
 
 def rename_node_type(source: str) -> str:
     """A node type the simulator has never heard of."""
-    return source.replace("epic_nodes::Sm90RowBroadcastPrefetch<", "Sm90FancyBroadcast<")
+    return source.replace("Sm90RowBroadcast<", "Sm90FancyBroadcast<")
 
 
 # program, sizes, configuration M, how the bug is planted (patch during generation and check,

@@ -52,14 +52,6 @@ def _broadcast(host: str) -> Callable[[NodeDecl], str]:
     return make
 
 
-def _row_prefetch(node: NodeDecl) -> str:
-    """epic_nodes::Sm90RowBroadcastPrefetch<Stages, EpilogueTile, CtaTile, Element>: where the values
-    are staged does not change them, so Sm90RowBroadcast's emulation (columns past N read 0) runs it."""
-    _, _, tile, element = _args(node, 4)[:4]
-    _require(node, tile == "TileShape", f"a CTA tile other than TileShape ({tile})")
-    return f"hostsim::RowBroadcast<{element}, float>"
-
-
 def _scalar(node: NodeDecl) -> str:
     element = _args(node, 1)[0]
     _require(node, len(node.args) <= 2, "a broadcast count or reduction")
@@ -113,7 +105,6 @@ EMULATIONS: dict[str, Emulation] = {
     "Sm90RowReduction": Emulation(_reduction("RowReduction"), {0: "col_partial"}),   # one partial per column
     # epic's own nodes (templates/nodes/epic_nodes/)
     "epic_nodes::Sm90Coordinate": Emulation(_custom("Coordinate", 1)),
-    "epic_nodes::Sm90RowBroadcastPrefetch": Emulation(_row_prefetch, {0: "row"}),
     "epic_nodes::Sm90PeriodicRowBroadcast": Emulation(_custom("PeriodicRowBroadcast", 1), {0: "row"}),
     "epic_nodes::Sm90RowLsePartial": Emulation(_custom("RowLsePartial", 1), {0: "row_partial"}),
     "epic_nodes::Sm90PackedInt4Store": Emulation(_custom("PackedInt4Store", 0), {0: "int4_store"}),

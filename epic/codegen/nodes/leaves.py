@@ -79,22 +79,8 @@ class _VectorBroadcast(NodeImpl):
                      f"{{static_cast<{el} const*>({p}), {el}(0), {{}}}}", [], f"{cls.what} {t.name}")
 
 
-class RowBroadcast(pat.RowBroadcast, NodeImpl):
-    """A row vector (one value per column), which the epilogue's producer warp copies into shared
-    memory with the tiles it loads (epic_nodes/row_broadcast_prefetch.hpp): CUTLASS's Sm90RowBroadcast
-    has the consumer fetch it from global memory as the epilogue starts, a round trip nothing hides
-    when a CTA has one tile. aux_load=direct: the consumer reads it into registers instead."""
-    header = "epic_nodes/row_broadcast_prefetch.hpp"
-
-    @classmethod
-    def emit(cls, b, v) -> int:
-        t = b.tensors[v.attrs["tensor"]]
-        el = t.dtype.cutlass
-        p = b.pointer("row", t.name, t.dtype)
-        d = b.descriptor("AuxLoadDescriptor", el)
-        stages = f"{d}::Stages" if b.cfg.aux_load == "tma" else "0"
-        return b.add(cls, f"epic_nodes::Sm90RowBroadcastPrefetch<{stages}, typename {d}::EpilogueTile, TileShape, {el}>",
-                     f"{{static_cast<{el} const*>({p})}}", [], f"row vector {t.name}")
+class RowBroadcast(pat.RowBroadcast, _VectorBroadcast):
+    role_name, cutlass, stride, what = "row", "Sm90RowBroadcast", "_0, _1", "row vector"
 
 
 class ColBroadcast(pat.ColBroadcast, _VectorBroadcast):
