@@ -128,6 +128,15 @@ def test_nvcc_builds_half_width_loads_through_tma_and_straight_to_registers(tmp_
 
 @pytest.mark.nvcc
 def test_nvcc_builds_swiglus_derived_backward(tmp_path, monkeypatch):
+    """The gemm whose epilogue reads d_y at half width. The backward's other two (d_a = d_gate_up @ W^T
+    and d_b = A^T @ d_gate_up) have identity epilogues on the operand layouts and tiles that
+    test_operand_layouts.py builds (its dx and dw): building them again here costs CI two CUTLASS
+    compiles and checks nothing new."""
     prog = epic.compile(epic.grad(str(ROOT / "samples" / "swiglu.epi")).backward_text).program
     sizes = dict(M=64, D=256, F=256)
-    _build([u for _, u in emit.units(prog, emit.kernel_configs(prog, 64, None, sizes))], tmp_path, monkeypatch)
+    pairs = emit.units(prog, emit.kernel_configs(prog, 64, None, sizes))
+    plain = {"AccFetch", "_Compute"}
+    fused = [u for s, u in pairs if {n.impl for n in s.nodes} - plain]
+    assert len(pairs) == 3 and [u.name for u in fused] == ["gate_up_bwd.ping_64x64x64_c1x1"]
+    assert "HalfWidthLoad" in {n.impl for s, _ in pairs for n in s.nodes}
+    _build(fused, tmp_path, monkeypatch)
