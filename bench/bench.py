@@ -75,6 +75,16 @@ def w_resid_norm(m):
     return gemm, eager, dict(x=x, wo=wo, z=z, gamma=g)
 
 
+def w_resid_parts(*names):
+    """residual + RMSNorm's operands, only those named (a program refuses arguments it does not declare)."""
+    def make(m):
+        x, wo, z, g = rand(m, D), weight(D, D), rand(m, D), rand(D)
+        def gemm(): return x @ wo
+        def eager(): return x @ wo
+        return gemm, eager, dict(x=x, wo=wo, **{k: v for k, v in dict(z=z, gamma=g).items() if k in names})
+    return make
+
+
 def w_bias_gelu(m):
     x, w, b = rand(m, D), weight(D, DFF), rand(DFF)
     def gemm(): return x @ w
@@ -175,8 +185,8 @@ def w_prenorm_mlp(m):
     return gemm, eager, dict(attn=a, wo=wo, z=z, gamma=g, wgu=wgu, wd=wd)
 
 
-def w_plain(m, n=D):
-    x, w = rand(m, D), weight(D, n)
+def w_plain(m, n=D, k=D):
+    x, w = rand(m, k), weight(k, n)
     def gemm(): return x @ w
     def eager(): return x @ w
     return gemm, eager, dict(x=x, w=w)
@@ -197,6 +207,16 @@ WORK = {
     "plain_qkv": ("bench/programs/plain.epi", lambda m: w_plain(m, DQKV)),
     "plain_ffn": ("bench/programs/plain.epi", lambda m: w_plain(m, DFF)),
     "plain_gate_up": ("bench/programs/plain.epi", lambda m: w_plain(m, 2 * DFF)),
+    # N = K = 4096's 32 MB of weights as K / 2 x 2 N and K / 4 x 4 N: a decode gemm's time with its
+    # K split over 2 or 4 times the CTAs (what a split-K inside a cluster would read per CTA)
+    "plain_k2048": ("bench/programs/plain.epi", lambda m: w_plain(m, 2 * D, D // 2)),
+    "plain_k1024": ("bench/programs/plain.epi", lambda m: w_plain(m, 4 * D, D // 4)),
+    # residual + RMSNorm's parts one at a time: what each costs a decode epilogue
+    "parts_z": ("bench/programs/parts_z.epi", w_resid_parts("z")),
+    "parts_gamma": ("bench/programs/parts_gamma.epi", w_resid_parts("gamma")),
+    "parts_two_outs": ("bench/programs/parts_two_outs.epi", w_resid_parts("z")),
+    "parts_row_stat": ("bench/programs/parts_row_stat.epi", w_resid_parts()),
+    "parts_no_stat": ("bench/programs/parts_no_stat.epi", w_resid_parts("z", "gamma")),
     # bias + GELU's inputs without the activation: what GELU itself costs
     "bias_only": ("bench/programs/bias_only.epi", w_bias_gelu),
 }
@@ -218,8 +238,12 @@ DIMS = {
     "plain_qkv": lambda m: dict(M=m, K=D, N=DQKV),
     "plain_ffn": lambda m: dict(M=m, K=D, N=DFF),
     "plain_gate_up": lambda m: dict(M=m, K=D, N=2 * DFF),
+    "plain_k2048": lambda m: dict(M=m, K=D // 2, N=2 * D),
+    "plain_k1024": lambda m: dict(M=m, K=D // 4, N=4 * D),
 }
 DIMS["bias_only"] = DIMS["bias_gelu"]
+for _w in ("parts_z", "parts_gamma", "parts_two_outs", "parts_row_stat", "parts_no_stat"):
+    DIMS[_w] = DIMS["resid_norm"]
 
 
 SCHEDULES = {"coop": "cooperative", "ping": "pingpong", "pp": "pingpong"}

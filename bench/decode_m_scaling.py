@@ -1,9 +1,13 @@
 """How cuBLAS's time at N = K = 4096 (bf16) changes with the number of rows M, beside a plain read and
 a copy of the same weights: is a decode gemm bound by its rows or by one pass over its weights?
 
-  python3 bench/decode_m_scaling.py
+  python3 bench/decode_m_scaling.py [--flush write|read]
 
-One call per L2 flush, timed with CUDA events (launch included), median of 50."""
+One call per L2 flush, timed with CUDA events (launch included), median of 50. The flush writes a
+256 MB buffer (`zero_`, as triton's do_bench and bench/interleaved.py do), which leaves the L2 full of
+dirty lines that the timed call's reads must write back to DRAM first; `--flush read` reads it instead
+(`sum`), leaving clean lines: the time of the same call on an L2 holding nothing it must write back."""
+import argparse
 import statistics
 
 import torch
@@ -12,7 +16,7 @@ import torch
 def timed_us(fn, flush, reps: int = 50) -> float:
     out = []
     for _ in range(reps):
-        flush.fill_(1)
+        flush()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -23,8 +27,13 @@ def timed_us(fn, flush, reps: int = 50) -> float:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--flush", choices=("write", "read"), default="write")
+    args = ap.parse_args()
     torch.manual_seed(0)
-    flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")     # more than the L2
+    buf = torch.ones(256 << 20, dtype=torch.uint8, device="cuda")     # more than the L2 (50 MB)
+    flush = (lambda: buf.zero_()) if args.flush == "write" else (lambda: buf.sum(dtype=torch.int32))
+    print(f"flush: {args.flush}")
     w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     mbytes = w.numel() * w.element_size()
     for m in (1, 8, 16, 32, 64, 128, 256):

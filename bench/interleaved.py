@@ -15,6 +15,11 @@ A configuration named `tuned` runs `epic tune` at the work's shape first and tim
 --calls times epic through its call path (`prog(**inputs)`) instead of graph replays, and cuBLAS as
 `x @ w` calls; each run then starts on an idle GPU (synchronized after the flush), so the host's time
 to issue the launches is inside the events.
+
+--flush read flushes L2 by reading the 256 MB buffer instead of writing it: a write leaves the L2 full
+of dirty lines that the timed run's reads must write back to DRAM first (cuBLAS at M = 64, N = K = 4096:
+17.8 us after a write, 14.2 after a read, bench/decode_m_scaling.py); after a read the L2 holds clean
+lines, as it would in a model's decode step.
 """
 from __future__ import annotations
 
@@ -73,10 +78,11 @@ def tuned_config(prog, path: str, inputs: dict) -> dict:
                           report=lambda *a, **k: None).configs
 
 
-def rounds(cands, n: int, batch: int = 10, idle: bool = False) -> dict[str, list[float]]:
+def rounds(cands, n: int, batch: int = 10, idle: bool = False, flush_by: str = "write") -> dict[str, list[float]]:
     """ms per run: n rounds, each running every candidate once; synchronized every `batch` rounds
     (idle: also before each run, so that the time to issue it counts)."""
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")    # > L2 (50 MB on the H200)
+    buf = torch.zeros(256 * 2**20, dtype=torch.int8, device="cuda")      # > L2 (50 MB on the H200)
+    flush = buf.zero_ if flush_by == "write" else (lambda: buf.sum(dtype=torch.int32))
     times: dict[str, list[float]] = {label: [] for label, _ in cands}
     for _, fn in cands:                                                   # warm up
         fn()
@@ -84,7 +90,7 @@ def rounds(cands, n: int, batch: int = 10, idle: bool = False) -> dict[str, list
         marks = []
         for r in range(first, min(n, first + batch)):
             for label, fn in cands[r % len(cands):] + cands[:r % len(cands)]:
-                flush.zero_()
+                flush()
                 if idle:
                     torch.cuda.synchronize()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -110,6 +116,8 @@ def main() -> int:
     ap.add_argument("--configs", default="")
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--calls", action="store_true", help="time calls (host path included), not graph replays")
+    ap.add_argument("--flush", choices=("write", "read"), default="write",
+                    help="flush L2 by writing (dirty lines, the default) or reading a 256 MB buffer")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "interleaved.json"))
     args = ap.parse_args()
     configs = [c for c in args.configs.split(",") if c]
@@ -117,9 +125,10 @@ def main() -> int:
     results = []
     for name in args.work.split(","):
         for m in (int(r) for r in args.rows.split(",")):
-            times = rounds(candidates(name, m, configs, args.calls), args.rounds, idle=args.calls)
+            times = rounds(candidates(name, m, configs, args.calls), args.rounds, idle=args.calls,
+                           flush_by=args.flush)
             base = times["cublas"]
-            rec = {"work": name, "M": m, "timed": "calls" if args.calls else "graph replays",
+            rec = {"work": name, "M": m, "timed": "calls" if args.calls else "graph replays", "flush": args.flush,
                    "cublas_ms": statistics.median(base), "ratios": {}}
             for label, ts in times.items():
                 if label == "cublas":
