@@ -134,6 +134,19 @@ def test_generated_kernels_match_reference_on_host(host_kernels, name, config, s
     harness.check(case, seed_of(name, config, shape))
 
 
+# Decode wider than N = 8192: the heuristic's 64x128 tiles (config.WIDE), with a row vector (bias +
+# GELU) and with every primitive (row and column statistics among them); N ragged on 128.
+WIDE_DECODE = (77, 8264, 72)
+
+
+@pytest.mark.parametrize("name", ["samples/bias_gelu.epi", "tests/programs/every_primitive.epi"])
+def test_a_wide_decode_gemm_takes_64x128_tiles_and_matches_reference_on_host(name):
+    hostsim.require_toolchain()
+    case = prepare(name, "small_m", WIDE_DECODE)
+    assert {c.tile for c in case.plan.configs.values()} == {(64, 128, 64)}, case.plan.configs
+    harness.check(case, seed_of(name, "small_m", WIDE_DECODE))
+
+
 def test_a_callers_value_for_a_defaulted_scalar_reaches_the_kernels():
     """eps = 0.5, not its default: the host kernels (scalars bound by the runtime's own
     binding.scalar_values) must match the reference run with 0.5, and differ from the default's run."""
