@@ -6,7 +6,7 @@ Heuristic (chosen from H200 measurements: docs/PERFORMANCE.md, "Tuning"):
                                                    64x128 puts 32, on 132 SMs;
                                                    1x128 blocks: cluster 1x2, the two CTAs share
                                                    each block (not a 64x128 tile); N over 8192:
-                                                   64x128, one wave (SMALL_M_WIDE)
+                                                   64x128, half the waves (SMALL_M_WIDE)
   otherwise    pingpong 128x128x64, cluster 2x1  prefill: the epilogue of one warp group overlaps
                (128x192 where 192-wide tiles     the other's mainloop (LARGE_M, WIDE_N below)
                leave at most 1% of N empty),
@@ -212,10 +212,10 @@ LARGE_M = [KernelConfig("pingpong", (128, 128, 64), (2, 1), swizzle=8),
 SMALL_M = [KernelConfig("pingpong", (64, 64, 64), (1, 1))]
 # Decode with N over WIDE: 64x128 (bench/results/2026-12-01-h200-interleaved-wide-fold-64.json, M = 64,
 # against 64x64): cross entropy (N = 128256) 0.950 / 1.004, gate/up identity (28672) 1.002 / 1.023,
-# SwiGLU 1.013 / 1.025. Above N = 8192 a row of 64x64 tiles is more than 128 CTAs, more than one wave
-# on 132 SMs; at N = 14336 (bias + GELU, three runs) the two are level after the harness's write flush
-# (1.011-1.019 each) and 64x128 is ahead after a read flush, the L2 a decode step finds (1.002-1.020
-# against 1.041-1.057; 2026-12-03-h200-interleaved-decode-tiles-64.log).
+# SwiGLU 1.013 / 1.025. A row of 64x64 tiles fills one wave of 132 SMs up to about N = 8192; at
+# N = 14336 it is 1.7 waves, 64x128 tiles one. There (bias + GELU, three runs) the two are level
+# after the harness's write flush (1.011-1.019 each) and 64x128 is ahead after a read flush, the L2
+# a decode step finds (1.002-1.020 against 1.041-1.057; 2026-12-03-h200-interleaved-decode-tiles-64.log).
 SMALL_M_WIDE = [KernelConfig("pingpong", (64, 128, 64), (1, 1))]
 # Tiles 192 wide where they cover N with at most 1% of empty columns (N = 6144, 14336, 28672, 128256):
 # a wider tile reads each A tile fewer times; where a third of the last column of tiles would be empty
