@@ -135,11 +135,13 @@ def test_generated_kernels_match_reference_on_host(host_kernels, name, config, s
 
 
 # Decode wider than N = 8192: the heuristic's 64x128 tiles (config.WIDE), with a row vector (bias +
-# GELU) and with every primitive (row and column statistics among them); N ragged on 128.
+# GELU), with every primitive (row and column statistics among them; N ragged on 128) and with 1x128
+# fp8 blocks, each whole in one CTA instead of shared by a 1x2 cluster (N rounded up to 8320).
 WIDE_DECODE = (77, 8264, 72)
 
 
-@pytest.mark.parametrize("name", ["samples/bias_gelu.epi", "tests/programs/every_primitive.epi"])
+@pytest.mark.parametrize("name", ["samples/bias_gelu.epi", "tests/programs/every_primitive.epi",
+                                  "samples/fp8_block_quant.epi"])
 def test_a_wide_decode_gemm_takes_64x128_tiles_and_matches_reference_on_host(name):
     hostsim.require_toolchain()
     case = prepare(name, "small_m", WIDE_DECODE)
