@@ -3,14 +3,14 @@ a copy of the same weights: is a decode gemm bound by its rows or by one pass ov
 
   python3 bench/decode_m_scaling.py [--flush write|read]
 
-One call per L2 flush, timed with CUDA events (launch included), median of 50. The flush writes a
-256 MB buffer (`zero_`, as triton's do_bench and bench/interleaved.py do), which leaves the L2 full of
-dirty lines that the timed call's reads must write back to DRAM first; `--flush read` reads it instead
-(`sum`), leaving clean lines: the time of the same call on an L2 holding nothing it must write back."""
+One call per L2 flush (profiling.l2_flush: by default a write, which leaves dirty lines to write back;
+`--flush read` leaves clean ones), timed with CUDA events (launch included), median of 50."""
 import argparse
 import statistics
 
 import torch
+
+from profiling import l2_flush
 
 
 def timed_us(fn, flush, reps: int = 50) -> float:
@@ -31,8 +31,7 @@ def main() -> None:
     ap.add_argument("--flush", choices=("write", "read"), default="write")
     args = ap.parse_args()
     torch.manual_seed(0)
-    buf = torch.ones(256 << 20, dtype=torch.uint8, device="cuda")     # more than the L2 (50 MB)
-    flush = (lambda: buf.zero_()) if args.flush == "write" else (lambda: buf.sum(dtype=torch.int32))
+    flush = l2_flush(args.flush)
     print(f"flush: {args.flush}")
     w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     mbytes = w.numel() * w.element_size()

@@ -38,6 +38,7 @@ import epic  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import ROOT, WORK, graphed, parse_config  # noqa: E402
+from profiling import l2_flush  # noqa: E402
 
 
 def candidates(name: str, m: int, configs: list[str], calls: bool = False):
@@ -81,8 +82,7 @@ def tuned_config(prog, path: str, inputs: dict) -> dict:
 def rounds(cands, n: int, batch: int = 10, idle: bool = False, flush_by: str = "write") -> dict[str, list[float]]:
     """ms per run: n rounds, each running every candidate once; synchronized every `batch` rounds
     (idle: also before each run, so that the time to issue it counts)."""
-    buf = torch.zeros(256 * 2**20, dtype=torch.int8, device="cuda")      # > L2 (50 MB on the H200)
-    flush = buf.zero_ if flush_by == "write" else (lambda: buf.sum(dtype=torch.int32))
+    flush = l2_flush(flush_by)
     times: dict[str, list[float]] = {label: [] for label, _ in cands}
     for _, fn in cands:                                                   # warm up
         fn()

@@ -141,7 +141,7 @@ def test_heuristic_and_overrides():
         assert config.heuristic(8192, n=n).tile == (128, width, 64), n
     assert config.heuristic(8192, {128}, n=28672).tile == (128, 128, 64)   # a block of 128 narrows it
     assert config.heuristic(8192, {64}, n=28672).tile == (128, 192, 64)
-    # decode: 64x128 above 8192 columns, where a row of 64x64 tiles is more than one wave (H200, M = 64:
+    # decode: 64x128 above 8192 columns, about where a row of 64x64 tiles outgrows one wave (H200, M = 64:
     # cross entropy 0.950 against 1.004 with 64x64; bias + GELU, N = 14336, 1.002 against 1.054 read-flushed)
     for n, width in ((4096, 64), (6144, 64), (8192, 64), (8193, 128), (14336, 128), (28672, 128), (None, 64)):
         assert config.heuristic(256, n=n).tile == (64, width, 64), n
