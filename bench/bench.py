@@ -129,6 +129,14 @@ def w_qk_norm(m):
     return gemm, eager, dict(x=x, wq=w, pos=pos, gamma=gamma, freq=freq)
 
 
+def w_qk_parts(*names):
+    """QK-norm + RoPE's operands (w_qk_norm), only those named."""
+    def make(m):
+        gemm, eager, inputs = w_qk_norm(m)
+        return gemm, gemm, {k: v for k, v in inputs.items() if k in ("x", "wq") + names}
+    return make
+
+
 def w_prenorm_half(m):
     x, w0, w1, z, g = rand(m, D), weight(D, D), weight(D, 2 * DFF), rand(m, D), rand(D)
     n0 = rand(m, D)
@@ -217,6 +225,9 @@ WORK = {
     "parts_two_outs": ("bench/programs/parts_two_outs.epi", w_resid_parts("z")),
     "parts_row_stat": ("bench/programs/parts_row_stat.epi", w_resid_parts()),
     "parts_no_stat": ("bench/programs/parts_no_stat.epi", w_resid_parts("z", "gamma")),
+    # QK-norm + RoPE's parts one at a time (beside `plain`, the same gemm): what each costs
+    "qkparts_rope": ("bench/programs/qkparts_rope.epi", w_qk_parts("pos", "freq")),
+    "qkparts_norm": ("bench/programs/qkparts_norm.epi", w_qk_parts("gamma")),
     # bias + GELU's inputs without the activation: what GELU itself costs
     "bias_only": ("bench/programs/bias_only.epi", w_bias_gelu),
 }
@@ -242,6 +253,8 @@ DIMS = {
     "plain_k1024": lambda m: dict(M=m, K=D // 4, N=4 * D),
 }
 DIMS["bias_only"] = DIMS["bias_gelu"]
+for _w in ("qkparts_rope", "qkparts_norm"):
+    DIMS[_w] = DIMS["qk_norm"]
 for _w in ("parts_z", "parts_gamma", "parts_two_outs", "parts_row_stat", "parts_no_stat"):
     DIMS[_w] = DIMS["resid_norm"]
 
