@@ -225,6 +225,9 @@ WORK = {
     "parts_two_outs": ("bench/programs/parts_two_outs.epi", w_resid_parts("z")),
     "parts_row_stat": ("bench/programs/parts_row_stat.epi", w_resid_parts()),
     "parts_no_stat": ("bench/programs/parts_no_stat.epi", w_resid_parts("z", "gamma")),
+    # gamma read by the per-head node (one head of Dh = D columns) instead of CUTLASS's row broadcast
+    "resid_norm_periodic": ("bench/programs/resid_norm_periodic.epi", w_resid_norm),
+    "parts_gamma_periodic": ("bench/programs/parts_gamma_periodic.epi", w_resid_parts("gamma")),
     # QK-norm + RoPE's parts one at a time (beside `plain`, the same gemm): what each costs
     "qkparts_rope": ("bench/programs/qkparts_rope.epi", w_qk_parts("pos", "freq")),
     "qkparts_norm": ("bench/programs/qkparts_norm.epi", w_qk_parts("gamma")),
@@ -253,6 +256,8 @@ DIMS = {
     "plain_k1024": lambda m: dict(M=m, K=D // 4, N=4 * D),
 }
 DIMS["bias_only"] = DIMS["bias_gelu"]
+for _w in ("resid_norm_periodic", "parts_gamma_periodic"):
+    DIMS[_w] = lambda m: dict(M=m, D=D, H=1, Dh=D)
 for _w in ("qkparts_rope", "qkparts_norm"):
     DIMS[_w] = DIMS["qk_norm"]
 for _w in ("parts_z", "parts_gamma", "parts_two_outs", "parts_row_stat", "parts_no_stat"):
