@@ -167,8 +167,14 @@ PLANTED = {
     "periodic_index_unwrapped": ("samples/qk_norm_rope.epi", dict(M=77, D=200, H=4, Dh=98), 64,   # heads of 98
                                  arith_bug("at -= at >= period ? period : 0;", "at -= at > period ? period : 0;"),
                                  None, r"q \(bf16\): \d+ of"),
+    # heads of 128 on 64-wide tiles: every tile inside one head; the bug reads the head's first half twice
+    "periodic_tile_start_zero": ("samples/qk_norm_rope.epi", dict(M=77, D=200, H=2, Dh=128), 64,
+                                 arith_bug("return start + tile_n <= period ? start : -1;",
+                                           "return start + tile_n <= period ? 0 : -1;"),
+                                 None, r"q \(bf16\): \d+ of"),
 }
-ARITH_BUGS = {"lse_rescale_inverted", "block_amax_signed", "block_statistic_divides", "periodic_index_unwrapped"}
+ARITH_BUGS = {"lse_rescale_inverted", "block_amax_signed", "block_statistic_divides", "periodic_index_unwrapped",
+              "periodic_tile_start_zero"}
 OPTIONS = {"fold_skips_last_tile": {"combine": "fold"}}    # configuration changes of a case
 
 

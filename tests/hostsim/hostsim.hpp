@@ -531,9 +531,11 @@ struct Coordinate : Node {
 };
 
 // epic_nodes::Sm90PeriodicRowBroadcast<Element>: ptr[col % period] as float, every column (past N too:
-// the index wraps, so it never leaves the vector). Where the period is at least the tile's width, as
-// the node does it: one remainder per tile (of its middle column, so that columns on both sides of it
-// wrap), every column's index from it by arith::periodic_index.
+// the index wraps, so it never leaves the vector). As the node does it: where no column of the tile
+// wraps (arith::periodic_tile_start), the tile's start in the vector plus each column's offset in the
+// tile; else, where the period is at least the tile's width, one remainder per tile (of its middle
+// column, so that columns on both sides of it wrap), every column's index from it by
+// arith::periodic_index; narrower periods divide per element.
 template <class Element>
 struct PeriodicRowBroadcast : Node {
   struct Arguments {
@@ -541,10 +543,12 @@ struct PeriodicRowBroadcast : Node {
     int period = 1;
   };
   Arguments args;
-  int ref = 0, ref_mod = 0;
+  int n0 = 0, start = -1, ref = 0, ref_mod = 0;
   bool wraps = false;
   PeriodicRowBroadcast(Arguments const& a, Problem p) : Node{p}, args(a) {}
   void begin(Tile const& t) {
+    n0 = t.n0;
+    start = arith::periodic_tile_start(t.n0, t.tile_n, args.period);
     ref = t.n0 + t.tile_n / 2;
     ref_mod = ref % args.period;
     wraps = args.period >= t.tile_n;
@@ -552,7 +556,9 @@ struct PeriodicRowBroadcast : Node {
   Frag<float> visit(Fragment const& f) const {
     Frag<float> out;
     for (int i = 0; i < kFrag; ++i)
-      out[i] = float(args.ptr[wraps ? arith::periodic_index(ref_mod, f.n[i] - ref, args.period) : f.n[i] % args.period]);
+      out[i] = float(args.ptr[start >= 0 ? start + (f.n[i] - n0)
+                              : wraps ? arith::periodic_index(ref_mod, f.n[i] - ref, args.period)
+                                      : f.n[i] % args.period]);
     return out;
   }
 };

@@ -134,6 +134,15 @@ apply_scale(float y, float s) {
 
 // ---- per-head vectors (Sm90PeriodicRowBroadcast)
 
+// Where a tile of tile_n columns starting at column tile_n0 reads a vector repeated every `period`
+// columns, if none of its columns wraps: tile_n0 % period, and column tile_n0 + d reads index start + d.
+// -1 when the tile crosses a period's end (the general path, periodic_index, then).
+EPIC_ARITH int
+periodic_tile_start(int tile_n0, int tile_n, int period) {
+  int start = tile_n0 % period;
+  return start + tile_n <= period ? start : -1;
+}
+
 // The index into a vector repeated every `period` columns of column ref + distance, given ref_mod =
 // ref % period and |distance| < period: one conditional add or subtract (selects, no division).
 EPIC_ARITH int

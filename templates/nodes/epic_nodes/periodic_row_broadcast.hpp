@@ -37,8 +37,8 @@ struct Sm90PeriodicRowBroadcast : detail::NoWorkspaceNoLoads {
   Params params;
 
   // Column c of a thread's element reads ptr[c % period]. When the CTA tile's columns fall inside one
-  // period ((tile_n0 % period) + TileN <= period: a head of 128 on 64- or 128-wide tiles, the usual
-  // case), no column wraps: element k reads ptr[(tile_n0 % period) + (c_k - tile_n0)], one pointer per
+  // period (detail::periodic_tile_start: a head of 128 on 64- or 128-wide tiles, the usual case), no
+  // column wraps: element k reads ptr[(tile_n0 % period) + (c_k - tile_n0)], one pointer per
   // tile plus the element's column offset, which is a compile-time constant once unrolled -- loads with
   // immediate offsets and no index arithmetic (QK-norm + RoPE at M = 8192: 3.4M of 58.1M warp
   // instructions fewer, 5% fewer cycles; bench/results/2026-12-03-h200-qk-norm-periodic.log). Otherwise: one division per subtile (the subtile's first
@@ -104,9 +104,9 @@ struct Sm90PeriodicRowBroadcast : detail::NoWorkspaceNoLoads {
     constexpr int EpiN = int(size<1>(decltype(args.epi_tile){}));
     constexpr int TileN = int(size<1>(decltype(args.tile_shape_mnk){}));
     int tile_n0 = int(get<1>(args.tile_coord_mnkl)) * TileN;
-    int tile_mod = tile_n0 % params.period;
+    int start = detail::periodic_tile_start(tile_n0, TileN, params.period);
     // base - tile_n0: the thread's first column within the tile (its coordinates in tCcD count from it)
-    Element const* in_period = tile_mod + TileN <= params.period ? params.ptr + tile_mod + (base - tile_n0) : nullptr;
+    Element const* in_period = start >= 0 ? params.ptr + start + (base - tile_n0) : nullptr;
     return ConsumerStoreCallbacks<EpiN, decltype(args.tCcD)>(args.tCcD, base, in_period, params);
   }
 };
