@@ -38,14 +38,15 @@ struct Sm90PeriodicRowBroadcast : detail::NoWorkspaceNoLoads {
 
   // Column c of a thread's element reads ptr[c % period]. When the CTA tile's columns fall inside one
   // period (detail::periodic_tile_start: a head of 128 on 64- or 128-wide tiles, the usual case), no
-  // column wraps: element k reads ptr[(tile_n0 % period) + (c_k - tile_n0)], one pointer per
-  // tile plus the element's column offset, which is a compile-time constant once unrolled -- loads with
-  // immediate offsets and no index arithmetic (QK-norm + RoPE at M = 8192: 3.4M of 58.1M warp
-  // instructions fewer, 5% fewer cycles; bench/results/2026-12-03-h200-qk-norm-periodic.log). Otherwise: one division per subtile (the subtile's first
-  // element); every other element is that remainder plus its distance in columns, known at compile
-  // time and shorter than the subtile, so one conditional add or subtract (a select, no branch) brings
-  // it back into [0, period) when the period is at least the subtile's width. Narrower periods (a
-  // head narrower than the subtile) divide per element, as a uniform choice per subtile.
+  // column wraps: element k reads ptr[(tile_n0 % period) + (c_k - tile_n0)], one pointer per tile plus
+  // the element's column offset, which is a compile-time constant once unrolled -- loads with immediate
+  // offsets and no index arithmetic (QK-norm + RoPE at M = 8192: 3.4M of 58.1M warp instructions fewer,
+  // 5% fewer cycles; bench/results/2026-12-03-h200-qk-norm-periodic.log). Otherwise: one division per
+  // subtile (the subtile's first element); every other element is that remainder plus its distance in
+  // columns, known at compile time and shorter than the subtile, so one conditional add or subtract (a
+  // select, no branch) brings it back into [0, period) when the period is at least the subtile's width.
+  // Narrower periods (a head narrower than the subtile) divide per element, as a uniform choice per
+  // subtile.
   template <int EpiN, class CoordTensor>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
     CUTLASS_DEVICE
