@@ -268,9 +268,9 @@ SCHEDULES = {"coop": "cooperative", "ping": "pingpong", "pp": "pingpong"}
 
 
 def parse_config(key: str) -> dict:
-    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold|_signal]' -> {'schedule': 'cooperative',
-    'tile': (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler swizzle, raster (m or
-    n), split-K count, and combine=fold or signal. Without the schedule, tile and cluster ('fold', 'rn', 'rn_s4'):
+    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold]' -> {'schedule': 'cooperative', 'tile':
+    (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler swizzle, raster (m or n),
+    split-K count, and combine=fold. Without the schedule, tile and cluster ('fold', 'rn', 'rn_s4'):
     the default configuration with those changes ('rm', 'rn', 's4': the same built kernel)."""
     parts = key.split("_")
     cfg: dict = {}
@@ -287,8 +287,8 @@ def parse_config(key: str) -> dict:
             cfg["splits"] = int(extra[1:])
         elif extra in ("rm", "rn"):
             cfg["raster"] = extra[1]
-        elif extra in ("fold", "signal"):
-            cfg["combine"] = extra
+        elif extra == "fold":
+            cfg["combine"] = "fold"
         else:
             cfg["aux_load"] = extra
     return cfg

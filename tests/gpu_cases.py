@@ -154,17 +154,16 @@ def to_device(program, inputs: dict) -> dict:
 
 
 # combine=fold: every gemm's row combine kernel run inside the gemm (the last CTA of a row block
-# merges); combine=signal: by a tail kernel that the gemm's library launches, started by the gemm's
-# count of each row block; programs without one build the same kernels and are skipped
-IN_GEMM = ("fold", "signal")
+# merges); programs without one build the same kernels and are skipped
+FOLD = {"combine": "fold"}
 
 
-def fold_config(program, mode: str = "fold") -> dict:
-    return {k.name: {"combine": mode} for k in program.kernels if k.kind == "gemm"}
+def fold_config(program) -> dict:
+    return {k.name: dict(FOLD) for k in program.kernels if k.kind == "gemm"}
 
 
 def folds(program) -> bool:
-    """Whether combine=fold (or signal) moves any of the program's combine kernels into its gemm's unit."""
+    """Whether combine=fold folds any of the program's combine kernels."""
     from epic.plan import config as config_mod, planner
     return bool(planner.folds(program, {k.name: config_mod.KernelConfig("pingpong", (64, 64, 64), combine="fold")
                                      for k in program.kernels if k.kind == "gemm"}))

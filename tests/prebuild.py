@@ -12,7 +12,7 @@ import epic
 from epic.codegen import emit
 from epic.runtime import build
 
-from .gpu_cases import IN_GEMM, PROGRAMS, SIZES, SPLIT_CASES, fold_config, folds, own_size_cases, path, split_k_config
+from .gpu_cases import PROGRAMS, SIZES, SPLIT_CASES, fold_config, folds, own_size_cases, path, split_k_config
 
 # the benchmark's identity epilogue, at its square shape (bench/prebuild.py builds the rest)
 EXTRA = {"bench/programs/plain.epi": lambda m, n, k: dict(M=m, K=4096, N=4096)}
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(name, table[name](*size), None) for name in PROGRAMS for size in SIZES] + \
         [(name, table[name](m, 0, 0), None) for name in EXTRA for m in ROWS] + \
         [(name, table[name](*size), "split") for name, size in SPLIT_CASES] + \
-        [(name, table[name](*size), mode) for name in PROGRAMS for size in SIZES for mode in IN_GEMM] + \
+        [(name, table[name](*size), "fold") for name in PROGRAMS for size in SIZES] + \
         [(name, sizes, None) for name, sizes in own_size_cases()]        # tests with sizes of their own
     programs = {}
     for name, sizes, variant in cases:
@@ -56,10 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         if name not in programs:
             programs[name] = epic.compile(path(name))
         prog = programs[name]
-        if variant in IN_GEMM and not folds(prog.program):
+        if variant == "fold" and not folds(prog.program):
             continue
-        overrides = (split_k_config(prog.program) if variant == "split" else
-                     fold_config(prog.program, variant) if variant else None)
+        overrides = {"split": split_k_config, "fold": fold_config}[variant](prog.program) if variant else None
         configs = emit.kernel_configs(prog.program, sizes["M"], overrides, sizes)
         units += [u for _, u in emit.units(prog.program, configs)]
     if training:

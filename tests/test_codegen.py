@@ -251,39 +251,6 @@ def test_a_folded_row_combine_runs_inside_its_gemm():
     assert "for (int t = lane; t < tiles_n; t += 32)" in "\n".join(kernel.merge)
 
 
-def test_a_signalled_row_combine_is_launched_by_its_gemms_library():
-    """combine=signal: the fold's merge (the same Tail struct), run by a tail kernel that the gemm's
-    library launches right after the gemm; the gemm's last node counts finished tiles."""
-    prog = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi")).program
-    cfgs = emit.kernel_configs(prog, 64, {"o_proj": {"combine": "signal"}})
-    (spec, unit), = emit.units(prog, cfgs)               # the combine kernel has no unit of its own
-    assert spec.config.combine == "signal" and unit.name.endswith("_signal")
-    node = spec.nodes[-1]
-    assert node.type == "epic_nodes::Sm90RowSignal<TileShape, epic_fold_tail>"
-    assert node.inputs == [len(spec.nodes) - 2] and spec.signal_node == len(spec.nodes) - 1
-    assert node.comment == "signalled combine: o_proj__row_mean_part0 -> r (D, eps)"
-    roles = [(p.role, p.tensor) for p in spec.pointers]
-    counters = roles.index(("counters", ""))
-    assert roles[counters + 1:] == [("row_partial", "o_proj__row_mean_part0"), ("out", "r")]
-    assert spec.scratch == [(counters, "(sizes[0] + 64 - 1) / 64 * 4")]
-    assert "epic_nodes/row_signal.hpp" in spec.headers and "epic_nodes/row_fold.hpp" not in spec.headers
-    src = unit.source
-    assert "run by a kernel of this library once a row block's tiles are counted" in src
-    # both launch sites (cached arguments or not) launch the gemm and then its tail, with the node's arguments
-    assert src.count("return launch_gemm_and_tail(cache, st);") == 2 and "return launch(cache.params" not in src
-    assert f"cute::get<{spec.signal_node}>(cache.args.epilogue.thread)" in src
-    assert "epic_nodes::launch_row_signal_tail<64, epic_fold_tail>(" in src
-    assert 'asm volatile("griddepcontrol.launch_dependents;"' in src and "ld.acquire.gpu.global.b32" in src
-    # without it, the gemm's source has none of this (and builds the same kernel as before)
-    (plain, plain_unit), _ = emit.units(prog, configs(prog, 64))
-    assert plain.signal_node is None and "launch_gemm_and_tail" not in plain_unit.source
-    assert "return launch(cache.params, cache.grid, st);" in plain_unit.source
-    from epic.plan import ledger
-    source = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi")).source_program
-    text = ledger.render(planner.make_plan(prog, {"M": 64, "D": 392}, {"o_proj": {"combine": "signal"}}), source)
-    assert "o_proj__row_combine: combine of o_proj's per-tile partials (rows), launched by o_proj's library" in text
-
-
 def test_only_a_row_combine_right_after_its_gemm_folds():
     whole = pipeline.analyze(str(ROOT / "tests" / "programs" / "whole_tensor.epi")).program
     cols = pipeline.analyze(str(ROOT / "tests" / "programs" / "col_stats.epi")).program
@@ -304,11 +271,8 @@ def test_combine_fold_with_split_k_is_refused():
         emit.kernel_configs(prog, 64, {"o_proj": {"combine": "fold", "splits": 2}})
     assert info.value.codes == ["E216"] and "combine=fold does not work with splits=2" in str(info.value)
     with pytest.raises(EpicError) as info:
-        emit.kernel_configs(prog, 64, {"o_proj": {"combine": "signal", "splits": 2}})
-    assert info.value.codes == ["E216"] and "combine=signal does not work with splits=2" in str(info.value)
-    with pytest.raises(EpicError) as info:
         emit.kernel_configs(prog, 64, {"o_proj": {"combine": "later"}})
-    assert "combine must be one of kernel, fold, signal" in str(info.value)
+    assert "combine must be one of kernel, fold" in str(info.value)
 
 
 def test_decode_shares_a_block_between_a_clusters_two_ctas():

@@ -25,9 +25,9 @@ import epic
 from epic import dtypes, reference
 from epic.diagnostics import EpicError
 
-from .gpu_cases import (DETERMINISM_CASES, HF_BLOCK_CASE, IN_GEMM, MEMCHECK_CASES, PROGRAMS, QUANT_SIZES, SIZES,
-                        SPLIT_CASES, TORCH_COMPILE_CASE, XENT_D, XENT_SIZES, fold_config, folds, make_inputs, path,
-                        split_k_config, to_device)
+from .gpu_cases import (DETERMINISM_CASES, HF_BLOCK_CASE, MEMCHECK_CASES, PROGRAMS, QUANT_SIZES, SIZES, SPLIT_CASES,
+                        TORCH_COMPILE_CASE, XENT_D, XENT_SIZES, fold_config, folds, make_inputs, path, split_k_config,
+                        to_device)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (see docs/GPU.md)")]
@@ -187,25 +187,22 @@ def test_a_1x2_clusters_swizzle_covers_every_tile(swizzle, raster):
 _FOLDED = {}
 
 
-def folded(name, mode="fold"):
-    """The program with combine=fold (or signal) on every gemm (skips the test where nothing folds)."""
+def folded(name):
+    """The program with combine=fold on every gemm (skips the test where nothing folds)."""
     if not folds(compiled(name).program):
-        pytest.skip(f"no row combine kernel to fold: the same kernels as without combine={mode}")
-    if (name, mode) not in _FOLDED:
-        _FOLDED[name, mode] = epic.compile(path(name), config=fold_config(compiled(name).program, mode))
-    return _FOLDED[name, mode]
+        pytest.skip("no row combine kernel to fold: the same kernels as without combine=fold")
+    if name not in _FOLDED:
+        _FOLDED[name] = epic.compile(path(name), config=fold_config(compiled(name).program))
+    return _FOLDED[name]
 
 
-@pytest.mark.parametrize("mode", IN_GEMM)
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("name", list(PROGRAMS))
-def test_folded_combine_kernels_match_reference_and_are_deterministic(name, size, mode):
+def test_folded_combine_kernels_match_reference_and_are_deterministic(name, size):
     """combine=fold: the last CTA of each row block merges the partials inside the gemm; one launch
-    fewer per folded combine. combine=signal: a tail kernel of the gemm's library merges each row
-    block once the gemm has counted its tiles, without waiting for the gemm's end. Results within the
-    reference's tolerance and the same bytes every run (the merge is in tile order whichever CTA
-    finishes last; the counters start at 0 again for the next launch)."""
-    prog = folded(name, mode)
+    fewer per folded combine, results within the reference's tolerance and the same bytes every run
+    (the merge is in tile order whichever CTA finishes last)."""
+    prog = folded(name)
     sizes = PROGRAMS[name](*size)
     bound = prog._bind(sizes, torch.device("cuda", torch.cuda.current_device()))
     combines = sum(k.kind == "combine" for k in prog.program.kernels)
@@ -219,12 +216,11 @@ def test_folded_combine_kernels_match_reference_and_are_deterministic(name, size
                 f"{name}: {t} differs between runs"
 
 
-@pytest.mark.parametrize("mode", IN_GEMM)
-def test_folded_combine_on_two_streams_at_once(mode):
+def test_folded_combine_on_two_streams_at_once():
     """Each stream has its own row block counters: calls racing on two streams give the bytes of one
     call alone (shared counters would let one launch's CTAs complete the other's row blocks)."""
     name = "samples/residual_rmsnorm.epi"
-    prog = folded(name, mode)
+    prog = folded(name)
     inputs = to_device(prog.program, make_inputs(prog.analysis.source_program, dict(M=8191, D=4096), 5))
     want = {k: v.clone() for k, v in prog(**inputs).items()}
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
@@ -240,10 +236,9 @@ def test_folded_combine_on_two_streams_at_once(mode):
             assert torch.equal(got[k].reshape(-1).view(torch.uint8), want[k].reshape(-1).view(torch.uint8)), k
 
 
-@pytest.mark.parametrize("mode", IN_GEMM)
-def test_a_captured_folded_program_replays_like_calls(mode):
+def test_a_captured_folded_program_replays_like_calls():
     name = "samples/residual_rmsnorm.epi"
-    prog = folded(name, mode)
+    prog = folded(name)
     sizes = PROGRAMS[name](77, 392, 200)
     first = to_device(prog.program, make_inputs(prog.analysis.source_program, sizes, seed_of(name, "fold", 1)))
     second = to_device(prog.program, make_inputs(prog.analysis.source_program, sizes, seed_of(name, "fold", 2)))
@@ -254,21 +249,6 @@ def test_a_captured_folded_program_replays_like_calls(mode):
         torch.cuda.synchronize()
         for k in want:
             assert torch.equal(got[k].view(-1).view(torch.uint8), want[k].view(-1).view(torch.uint8)), f"{name}: {k}"
-
-
-def test_a_signalled_combine_at_decode_many_calls_back_to_back():
-    """combine=signal at decode (one row block, the tail resident while the gemm runs): 50 calls in a
-    row on one stream, each against the first call's bytes; a counter left non-zero by one launch
-    would let the next launch's tail merge before its tiles are counted."""
-    name = "samples/residual_rmsnorm.epi"
-    prog = folded(name, "signal")
-    inputs = to_device(prog.program, make_inputs(prog.analysis.source_program, dict(M=64, D=4096), 9))
-    want = {k: v.clone() for k, v in prog(**inputs).items()}
-    results = [prog(**inputs) for _ in range(50)]
-    torch.cuda.synchronize()
-    for got in results:
-        for k in want:
-            assert torch.equal(got[k].reshape(-1).view(torch.uint8), want[k].reshape(-1).view(torch.uint8)), k
 
 
 def _check_against_reference(prog, name, size) -> dict:

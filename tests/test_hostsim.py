@@ -6,8 +6,7 @@ where two CTAs share 1x128 blocks; large M: pingpong 128x128x64, cluster 2x1, an
 a multiple of 192), at ragged sizes (M = 1,
 77, 300 with N, K not multiples of the tile) and one multiple of the tile, and once more with extra
 tiles loaded straight to registers (aux_load=direct, where a program loads any), and under both with
-each row combine kernel folded into its gemm (combine=fold, where a program has one) and, at one ragged
-size, run by the gemm's library once the gemm has counted a row block (combine=signal), on fresh random
+each row combine kernel folded into its gemm (combine=fold, where a program has one), on fresh random
 inputs (the seed is in every failure message). Per case: the C ABI checked by roles, every buffer
 poisoned and checked to be written, every output, intermediate and per-tile partial compared with
 the reference, kernel by kernel.
@@ -31,9 +30,7 @@ PROGRAMS = [str(p.relative_to(ROOT)) for p in [*SAMPLES, *sorted((ROOT / "tests"
 CONFIGS = {"small_m": (64, {}), "large_m": (8192, {}),
            "large_m_direct": (8192, {"aux_load": "direct"}),     # extra tiles loaded straight to registers
            # a row statistic's combine kernel folded into its gemm (the last CTA of a row block merges)
-           "small_m_fold": (64, {"combine": "fold"}), "large_m_fold": (8192, {"combine": "fold"}),
-           # the same merge in a tail kernel that the gemm's count of each row block starts
-           "small_m_signal": (64, {"combine": "signal"}), "large_m_signal": (8192, {"combine": "signal"})}
+           "small_m_fold": (64, {"combine": "fold"}), "large_m_fold": (8192, {"combine": "fold"})}
 SHAPES = [(1, 392, 200), (77, 392, 200), (300, 392, 200), (256, 512, 256)]   # (M, N, K); the last: tile multiples
 WIDE = (300, 576, 136)      # N a multiple of 192: large M takes 128x192 tiles where the blocks allow
 # a row combine kernel that finishes tile stores moves 16 columns per lane and step, several steps in
@@ -41,8 +38,7 @@ WIDE = (300, 576, 136)      # N a multiple of 192: large M takes 128x192 tiles w
 # that ends part-way (combine.steps_in_flight)
 FINISH_WIDE = (77, 2320, 136)
 CASES = [(config, shape) for config in ("small_m", "large_m", "small_m_fold", "large_m_fold") for shape in SHAPES] + \
-    [("large_m", WIDE), ("large_m_fold", WIDE), ("large_m_direct", SHAPES[1]), ("small_m", FINISH_WIDE),
-     ("small_m_signal", SHAPES[1]), ("large_m_signal", SHAPES[1])]
+    [("large_m", WIDE), ("large_m_fold", WIDE), ("large_m_direct", SHAPES[1]), ("small_m", FINISH_WIDE)]
 
 
 def sizes_for(program, m: int, n: int, k: int) -> dict[str, int]:
@@ -87,8 +83,7 @@ def loads_tiles_directly(case: harness.Case) -> bool:
 
 
 def folds(case: harness.Case) -> bool:
-    """Whether a row combine kernel runs inside its gemm's unit (combine=fold or signal)."""
-    return any("epic_nodes::Sm90RowFold<" in s or "epic_nodes::Sm90RowSignal<" in s for s in case.sources)
+    return any("epic_nodes::Sm90RowFold<" in s for s in case.sources)
 
 
 def finishes_tiles_in_steps(case: harness.Case) -> bool:
@@ -101,8 +96,8 @@ def same_as_unchanged(config: str, case: harness.Case, shape=None) -> str | None
         return "no combine kernel finishing tiles: the wide rows test nothing the other sizes do not"
     if config == "large_m_direct" and not loads_tiles_directly(case):
         return "no extra tiles to load: the same kernels as large_m"
-    if config.endswith(("_fold", "_signal")) and not folds(case):
-        return f"no row combine kernel to fold: the same kernels as without combine={config.rsplit('_', 1)[1]}"
+    if config.endswith("_fold") and not folds(case):
+        return "no row combine kernel to fold: the same kernels as without combine=fold"
     return None
 
 

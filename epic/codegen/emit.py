@@ -73,8 +73,6 @@ def render_gemm(spec: evt.KernelSpec) -> str:
         k=spec, version=__version__, prelude=functor.helpers_for("\n".join(spec.functors)),
         info=_info(spec, "gemm"), headers=node_headers(spec.headers),
         scheduler_headers=node_headers(spec.scheduler_headers),
-        launch_call=("launch(cache.params, cache.grid, st)" if spec.signal_node is None
-                     else "launch_gemm_and_tail(cache, st)"),
         epilogue_tile=(f"Shape<_{spec.config.epi_tile[0]}, _{spec.config.epi_tile[1]}>" if spec.config.epi_tile
                        else "cutlass::epilogue::collective::EpilogueTileAuto"))
 

@@ -53,9 +53,6 @@ class KernelSpec:
     # (launch pointer index, C++ byte count from the sizes): zeroed per-stream scratch that the library
     # puts in that pointer slot (the caller passes null); a launch leaves it zeroed
     scratch: list[tuple[int, str]] = field(default_factory=list)
-    # combine=signal: the index of the node whose arguments the row combine's tail kernel takes (the
-    # library launches that kernel right after the gemm, templates/nodes/epic_nodes/row_signal.hpp)
-    signal_node: int | None = None
     # the operands' CUTLASS layouts and orders in words (epic/ir/operands.py)
     layout_a: str = operands.ROW_MAJOR
     layout_b: str = operands.COLUMN_MAJOR
@@ -99,7 +96,6 @@ class Builder:
         self.element_d, self.align_d = "void", 8
         self.aux_elements: list[str] = []     # element types of the aux stores (size a void D's smem)
         self.scratch: list[tuple[int, str]] = []
-        self.signal_node: int | None = None
 
     def scratch_pointer(self, role: str, bytes_expr: str, note: str) -> str:
         """A launch pointer the caller passes as null and the library fills with zeroed per-stream
@@ -239,7 +235,6 @@ class Builder:
             align_b=128 // b.dtype.bits, element_d=self.element_d, align_d=self.align_d, aux_element=aux,
             functors=self.functors, nodes=self.nodes, pointers=self.pointers, scalars=self.scalars,
             descriptors=self.descriptors, headers=self.headers, scratch=self.scratch,
-            signal_node=self.signal_node,
             layout_a=operands.cutlass_layout("A", a, k.a_t), layout_b=operands.cutlass_layout("B", b, k.b_t),
             order_a=order_a, order_b=order_b)
 

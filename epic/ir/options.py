@@ -10,12 +10,9 @@ RASTERS = ("heuristic", "m", "n")     # CUTLASS RasterOrderOptions: Heuristic, A
 SWIZZLES = (1, 2, 4, 8)
 # which library runs the gemm: epic's CUTLASS kernel, or the vendor's (epic/plan/backend.py)
 BACKENDS = ("cutlass", "cublas")
-# where a row statistic's per-tile partials are merged: a combine kernel launched after the gemm, the
-# gemm itself ("fold": the last CTA to finish a row of tiles merges that row block in tile order), or
-# a kernel of the gemm's own library that merges each row block as soon as the gemm has counted all of
-# its tiles ("signal": it does not wait for the gemm's end)
-COMBINES = ("kernel", "fold", "signal")
-IN_GEMM_COMBINES = ("fold", "signal")     # the combine kernel's code is printed into the gemm's unit
+# where a row statistic's per-tile partials are merged: a combine kernel launched after the gemm, or
+# the gemm itself ("fold": the last CTA to finish a row of tiles merges that row block in tile order)
+COMBINES = ("kernel", "fold")
 # split-K: the K loop of every output tile divided among this many CTAs, reduced in a fixed order
 # (CUTLASS's stream-K tile scheduler in its split-K mode, deterministic reduction)
 SPLITS = (1, 2, 3, 4, 6, 8)
@@ -64,8 +61,8 @@ def combination_problems(schedule: str, tile: tuple[int, int, int], epi_tile: tu
     """What CUTLASS's sm90 schedules refuse in a complete configuration."""
     m, n, _ = tile
     out = []
-    if splits > 1 and combine in IN_GEMM_COMBINES:
-        out.append(f"combine={combine} does not work with splits={splits} (the split-K scheduler's epilogue is not "
+    if splits > 1 and combine == "fold":
+        out.append(f"combine=fold does not work with splits={splits} (the split-K scheduler's epilogue is not "
                    "the one that merges a row block); use combine=kernel")
     if splits > 1 and schedule != "cooperative":
         out.append(f"splits={splits} needs the cooperative schedule (CUTLASS's pingpong kernel has no split-K "

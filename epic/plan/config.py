@@ -48,10 +48,8 @@ class KernelConfig:
     # partial accumulators are added in a fixed order before the epilogue runs once, on the last.
     # The number is a launch argument; splits > 1 builds the kernel with CUTLASS's stream-K scheduler.
     splits: int = 1
-    # a row statistic's combine kernel: launched after the gemm ("kernel"), folded into the gemm's
-    # epilogue ("fold": the last CTA of each row block merges its partials; no second launch), or run
-    # by the gemm's library as a kernel that starts on each row block once the gemm has signalled that
-    # all of its tiles are done ("signal")
+    # a row statistic's combine kernel: launched after the gemm ("kernel"), or folded into the gemm's
+    # epilogue ("fold": the last CTA of each row block merges its partials; no second launch)
     combine: str = "kernel"
     # which library runs the gemm (plan/backend.py): "cublas" uses none of the fields above
     backend: str = "cutlass"
@@ -91,7 +89,7 @@ class KernelConfig:
                 + (f"_{self.aux_load}" if self.aux_load != "tma" else "")
                 + (f"_e{self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else "")
                 + ("_splitk" if self.split_k else "")
-                + (f"_{self.combine}" if self.combine in vocab.IN_GEMM_COMBINES else ""))
+                + ("_fold" if self.combine == "fold" else ""))
 
     @property
     def split_k(self) -> bool:

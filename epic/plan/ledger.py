@@ -158,11 +158,7 @@ def render(plan: Plan, source: Program) -> str:
         cfg = f"  [{step.config}]" if step.config else ""
         desc = f"gemm {k.a} @ {k.b}" if k.kind == "gemm" else _combine_desc(k)
         if k.name in folded:
-            gemm = folded[k.name]
-            desc += (f", folded into {gemm} (combine=fold: its last CTA per row block runs it, no launch)"
-                     if plan.configs[gemm].combine == "fold" else
-                     f", launched by {gemm}'s library (combine=signal: starts on each row block as soon as "
-                     "the gemm has counted its tiles)")
+            desc += f", folded into {folded[k.name]} (combine=fold: its last CTA per row block runs it, no launch)"
         out.append(f"  {i}. {k.name}: {desc}{cfg}")
         if k.kind == "gemm":
             partial = [s for s in k.stores if s.value.kind is Kind.PARTIAL]

@@ -13,7 +13,6 @@ from ..checks import layout
 from ..diagnostics import EpicError
 from ..ir import primitives as P
 from ..ir.core import Program, Tensor
-from ..ir.options import IN_GEMM_COMBINES
 from ..shapes import Kind
 from . import config as config_mod
 
@@ -175,12 +174,12 @@ def in_place(program: Program, buffers: dict[str, Buffer]) -> dict[str, str]:
 
 def folds(program: Program, configs: dict[str, config_mod.KernelConfig]) -> dict[str, str]:
     """The combine kernels that run inside their gemm -> that gemm: a row combine right after the gemm
-    whose partials it merges, where the gemm's configuration says combine=fold or signal. Any other combine
+    whose partials it merges, where the gemm's configuration says combine=fold. Any other combine
     kernel (a column or whole-tensor one, one after another kernel, or one that finishes quantized
     tile stores: a warp per row over the whole width) keeps its own launch."""
     out = {}
     for prev, k in zip(program.kernels, program.kernels[1:]):
         if (k.kind == "combine" and k.axis == "row" and prev.kind == "gemm" and k.source == prev.name
-                and configs[prev.name].combine in IN_GEMM_COMBINES and not any(s.value.kind is Kind.TILE for s in k.stores)):
+                and configs[prev.name].combine == "fold" and not any(s.value.kind is Kind.TILE for s in k.stores)):
             out[k.name] = prev.name
     return out

@@ -629,9 +629,7 @@ struct RowLsePartial : Node {
 // block, its threads as warps of lanes (shuffles emulated), as many as a pingpong epilogue has (128,
 // 256 for 256-row tiles): 128 / TileM lanes per row. The counters argument (null: the library's own)
 // is not used; this node keeps its own, which start at 0 each launch, as the library's do.
-// epic_nodes::Sm90RowSignal (combine=signal) is the same merge, run by the library's tail kernel once
-// the block's count is complete: a block of kRowSignalTailThreads (512) threads, 512 / TileM lanes per row.
-template <class TileShape, class Tail, int TailThreads = 0>
+template <class TileShape, class Tail>
 struct RowFold : Node {
   struct Arguments {
     int* counters = nullptr;
@@ -647,7 +645,7 @@ struct RowFold : Node {
     const int tiles_n = ceil_div(problem.N, t.tile_n);
     if (++count[t.m_index] != tiles_n) return;
     count[t.m_index] = 0;
-    constexpr int Threads = TailThreads > 0 ? TailThreads : TileShape::M <= 128 ? 128 : 256;
+    constexpr int Threads = TileShape::M <= 128 ? 128 : 256;
     constexpr int Lanes = Threads / TileShape::M;
     const long long rows_padded = (long long)ceil_div(problem.M, t.tile_m) * t.tile_m;
     const int M = problem.M;
@@ -658,9 +656,6 @@ struct RowFold : Node {
     });
   }
 };
-
-template <class TileShape, class Tail>
-using RowSignal = RowFold<TileShape, Tail, 512>;
 
 // epic_nodes::Sm90PackedInt4Store: column pairs (2k, 2k + 1) of a row, rounded to integers, packed
 // into one byte (low nibble = even column) at ptr[m * (N / 2) + n / 2]; in-bounds pairs only.

@@ -114,9 +114,6 @@ EMULATIONS: dict[str, Emulation] = {
     # a folded row combine: its counters (null, the library's own), then the combine kernel's pointers
     "epic_nodes::Sm90RowFold": Emulation(_custom("RowFold", 2), {0: "counters"},
                                          {1: ("row_partial", "col", "out", "scalar")}),
-    # the same, merged by the library's tail kernel once the gemm has counted a row block (combine=signal)
-    "epic_nodes::Sm90RowSignal": Emulation(_custom("RowSignal", 2), {0: "counters"},
-                                           {1: ("row_partial", "col", "out", "scalar")}),
 }
 
 

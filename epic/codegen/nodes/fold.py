@@ -1,11 +1,8 @@
-"""A row statistic's combine kernel run by its gemm's own library: folded into the gemm (config
-combine=fold: the last CTA to finish a row of tiles merges that row block's per-tile partials in tile
-order and runs the combine kernel's vector math, so the plan's two launches become one), or as a
-kernel that the gemm's library launches right after it (combine=signal: the gemm counts each finished
-tile per row block, the tail kernel merges a row block as soon as its count is complete, without
-waiting for the gemm's end). The C++ is templates/nodes/epic_nodes/row_fold.hpp and row_signal.hpp;
-the merge and the math are the combine kernel's own code (codegen/combine.py, lowered with
-folded=True), printed into the gemm as a struct.
+"""A row statistic's combine kernel folded into its gemm (config combine=fold): the last CTA to
+finish a row of tiles merges that row block's per-tile partials in tile order and runs the combine
+kernel's vector math, so the plan's two launches become one. The C++ is
+templates/nodes/epic_nodes/row_fold.hpp; the merge and the math are the combine kernel's own code
+(codegen/combine.py, lowered with folded=True), printed into the gemm as a struct.
 
 Added last, around the epilogue's root (a pass-through with the root as its one child), so that its
 hooks run after every node that writes partials. Its pointers and scalars are the combine kernel's,
@@ -26,23 +23,14 @@ class RowFold(NodeImpl):
     header = "epic_nodes/row_fold.hpp"
 
 
-class RowSignal(NodeImpl):
-    role = "store"
-    covers = "a row combine kernel launched by its gemm's library, started by the gemm's tile counts (combine=signal)"
-    header = "epic_nodes/row_signal.hpp"
-
-
 def add_fold(b, tail: CombineSpec) -> None:
-    """Append the fold node (combine=fold) or the signal node (combine=signal) to builder b; for the
-    latter, b.signal_node is its index: the tail kernel takes that node's arguments."""
-    signal = b.cfg.combine == "signal"
+    """Append the fold node to builder b."""
     tm = b.cfg.tile_m
     counters = b.scratch_pointer("counters", f"(sizes[0] + {tm} - 1) / {tm} * 4",
                                  "null: the library's own per-stream row block counters")
     ptrs = [b.pointer(p.role, p.tensor, p.dtype, f"folded combine '{tail.name}'") for p in tail.pointers]
     scalars = [b.scalar(s.name, s.dim) for s in tail.scalars]
-    lines = [f"// the combine kernel '{comment(tail.name)}', " + ("run by a kernel of this library once a row block's tiles are counted"
-                                                       if signal else "folded: run by the last CTA of each row block"),
+    lines = [f"// the combine kernel '{comment(tail.name)}', folded: run by the last CTA of each row block",
              f"struct {TAIL} {{",
              "  static constexpr int FOLD_IN_FLIGHT = 32;    // partials each lane loads at once (one round trip for 64 tiles)",
              f"  static constexpr int kNumPtrs = {len(tail.pointers)};",
@@ -58,17 +46,14 @@ def add_fold(b, tail: CombineSpec) -> None:
     lines += ["  }", "};"]
     b.functors.append("\n".join(lines))
     root = len(b.nodes) - 1
-    impl = RowSignal if signal else RowFold
-    index = b.add(impl, f"epic_nodes::Sm90{impl.__name__}<TileShape, {TAIL}>",
-                  f"{{static_cast<int*>({counters}), {{{', '.join(ptrs)}}}, {{{', '.join(scalars)}}}}}", [root],
-                  _comment(tail, signal))
-    if signal:
-        b.signal_node = index
+    b.add(RowFold, f"epic_nodes::Sm90RowFold<TileShape, {TAIL}>",
+          f"{{static_cast<int*>({counters}), {{{', '.join(ptrs)}}}, {{{', '.join(scalars)}}}}}", [root],
+          _comment(tail))
 
 
-def _comment(tail: CombineSpec, signal: bool = False) -> str:
+def _comment(tail: CombineSpec) -> str:
     """What the node does, naming its tensors and scalars: the comment on its line of the DAG."""
     reads = ", ".join(p.tensor for p in tail.pointers if p.role != "out")
     writes = ", ".join(p.tensor for p in tail.pointers if p.role == "out")
     scalars = f" ({', '.join(s.name for s in tail.scalars)})" if tail.scalars else ""
-    return f"{'signalled' if signal else 'folded'} combine: {reads} -> {writes}{scalars}"
+    return f"folded combine: {reads} -> {writes}{scalars}"
