@@ -441,6 +441,8 @@ def test_compiled_call_path_gives_the_python_paths_bytes(name, size):
     """The compiled launcher (runtime/fastcall.py) runs a bound signature: every buffer (keep=True)
     bit-identical to the Python path's poisoned run, so every element was written by the kernels."""
     from epic.runtime import binding, derived, fastcall
+    if fastcall.mode() == "ctypes":                  # the caller turned the launcher off: nothing to compare
+        pytest.skip("EPIC_LAUNCHER=ctypes: the compiled call path is off")
     prog = epic.compile(path(name))                  # a fresh program: its first call binds
     has_derived = bool(derived.specs(prog.program))
     sizes = PROGRAMS[name](*size)
