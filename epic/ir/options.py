@@ -16,9 +16,6 @@ COMBINES = ("kernel", "fold")
 # split-K: the K loop of every output tile divided among this many CTAs, reduced in a fixed order
 # (CUTLASS's stream-K tile scheduler in its split-K mode, deterministic reduction)
 SPLITS = (1, 2, 3, 4, 6, 8)
-# the epilogue's store buffers (CUTLASS's StagesD): shared-memory subtiles a TMA store may still be
-# reading while the next subtiles are written; CUTLASS's builder keeps min(subtiles, 2)
-STORE_STAGES = (2, 3, 4, 6, 8)
 TILE_M = (64, 128, 256)
 TILE_N = (64, 128, 192, 256)
 TILE_K = (64, 128)
@@ -28,9 +25,8 @@ CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2))
 SIZE_OPTIONS = {"tile": ((2, 3), "128x128x64"), "cluster": ((2,), "2x1"), "epi_tile": ((2,), "128x64")}
 # options chosen from a set: name -> the spellings
 CHOICE_OPTIONS = {"backend": BACKENDS, "schedule": SCHEDULES, "aux_load": AUX_LOADS, "raster": RASTERS, "combine": COMBINES,
-                  "swizzle": tuple(str(s) for s in SWIZZLES), "splits": tuple(str(s) for s in SPLITS),
-                  "store_stages": tuple(str(s) for s in STORE_STAGES)}
-INT_OPTIONS = ("swizzle", "splits", "store_stages")
+                  "swizzle": tuple(str(s) for s in SWIZZLES), "splits": tuple(str(s) for s in SPLITS)}
+INT_OPTIONS = ("swizzle", "splits")
 # options that change what the program computes, not how fast: the file says them, a call cannot
 # (b_major: the memory order of a B operand declared inline: K-major, the default, or N-major)
 SEMANTIC_OPTIONS = {"accumulate": ("f32", "f16"), "b_major": ("k", "n")}

@@ -51,10 +51,6 @@ class KernelConfig:
     # a row statistic's combine kernel: launched after the gemm ("kernel"), or folded into the gemm's
     # epilogue ("fold": the last CTA of each row block merges its partials; no second launch)
     combine: str = "kernel"
-    # the epilogue's store buffers (shared-memory subtiles a TMA store may still read while the next
-    # ones are written): 0 keeps CUTLASS's min(subtiles, 2); more lets the epilogue run ahead of its
-    # stores, at the mainloop's expense where the shared memory they take costs it a stage
-    store_stages: int = 0
     # which library runs the gemm (plan/backend.py): "cublas" uses none of the fields above
     backend: str = "cutlass"
 
@@ -83,8 +79,7 @@ class KernelConfig:
                 + (f" swizzle {self.swizzle}" if self.swizzle != 1 else "")
                 + (f" raster {self.raster}" if self.raster != "heuristic" else "")
                 + (f" splits {self.splits}" if self.splits != 1 else "")
-                + (f" combine={self.combine}" if self.combine != "kernel" else "")
-                + (f" store_stages={self.store_stages}" if self.store_stages else ""))
+                + (f" combine={self.combine}" if self.combine != "kernel" else ""))
 
     def key(self) -> str:
         """Names the built kernel: only what changes the code (not swizzle/raster/the split count)."""
@@ -94,8 +89,7 @@ class KernelConfig:
                 + (f"_{self.aux_load}" if self.aux_load != "tma" else "")
                 + (f"_e{self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else "")
                 + ("_splitk" if self.split_k else "")
-                + ("_fold" if self.combine == "fold" else "")
-                + (f"_sd{self.store_stages}" if self.store_stages else ""))
+                + ("_fold" if self.combine == "fold" else ""))
 
     @property
     def split_k(self) -> bool:
@@ -161,8 +155,7 @@ def block_sizes(kernel) -> set[int]:
 # An sm90 kernel's shared memory holds the mainloop's pipeline stages and the epilogue's buffers;
 # CUTLASS gives the mainloop what the epilogue leaves and fails to compile below 2 stages (E217).
 # The epilogue's share, as CUTLASS's sm90 builder sizes it (epilogue/collective/builders/
-# sm90_builder.inl): D and every aux store take StagesD = min(subtiles, 2) subtiles (store_stages: that
-# many, at most one per subtile), every aux load
+# sm90_builder.inl): D and every aux store take StagesD = min(subtiles, 2) subtiles, every aux load
 # StagesC = min(subtiles, 4). Each epilogue node's pattern declares what it stages (plan/epilogue.py);
 # the estimate is their sum over the kernel's nodes. The plan only picks configurations that leave 2 stages.
 SMEM_BYTES = 232448          # the H100/H200 per-block limit (227 KiB)
@@ -186,7 +179,7 @@ def smem_estimate(kernel, tensors: dict, cfg: KernelConfig) -> tuple[int, int]:
     narrow = d_bytes <= 1 if d_bytes is not None else bool(stores) and stores[0][0].staged_bytes(*stores[0][1:]) <= 1
     em, en = _epilogue_tile(cfg, narrow)
     subtiles = (cfg.tile_m // em) * (cfg.tile_n // en)
-    epi = epilogue.EpilogueTiling(em, en, min(subtiles, cfg.store_stages or 2), min(subtiles, 4))
+    epi = epilogue.EpilogueTiling(em, en, min(subtiles, 2), min(subtiles, 4))
     total = sum(p.smem_bytes(ctx, item, epi) for p, ctx, item in nodes)
     total += 0 if d_bytes is None else em * en * epi.stages_d * d_bytes
     stage = (cfg.tile_m + cfg.tile_n) * cfg.tile[2] * tensors[kernel.a].dtype.bits // 8
@@ -392,7 +385,7 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
             cfg = KernelConfig(schedule, tile, tuple(source.get("cluster", cfg.cluster)),
                                source.get("aux_load", cfg.aux_load), tuple(epi) if epi else None,
                                int(source.get("swizzle", cfg.swizzle)), source.get("raster", cfg.raster), splits,
-                               source.get("combine", cfg.combine), int(source.get("store_stages", cfg.store_stages)))
+                               source.get("combine", cfg.combine))
     if split_cluster and not cluster_fixed and not any(split_block(cfg, b) for b in blocks):
         cfg = replace(cfg, cluster=(1, 1))     # an override made the tile (or split-K) leave the blocks whole
     if not tile_fixed:
