@@ -34,7 +34,7 @@ def test_candidates_are_legal_distinct_and_start_with_the_heuristic(path, sizes)
     m, n = sizes["M"], planner.sizes_mod.evaluate(k.n, sizes)
     found = space.candidates(k, prog.program.tensors, m, n, limit=6)
     assert found[0] == config_mod.choose(k, m, None, prog.program.tensors, n)
-    assert 2 <= len(found) <= 19 and len(set(found)) == len(found)      # + 4 swizzles, 4 rasters, 2 epilogue tiles, 3 split-K
+    assert 2 <= len(found) <= 20 and len(set(found)) == len(found)      # + 4 swizzles, 4 rasters, 2 epilogue tiles, 1 depth, 3 split-K
     assert len({c.key() for c in found[:6]}) == min(6, len(found[:6]))       # distinct built kernels first
     for cfg in found:                  # the plan accepts each as an override and picks exactly it
         plan = planner.make_plan(prog.program, sizes, {k.name: space.override(cfg)})
@@ -65,6 +65,19 @@ def test_the_heuristics_tile_is_also_tried_with_wider_epilogue_subtiles():
     found = space.candidates(k, prog.program.tensors, 8192, 4096, limit=3)
     assert {c.epi_tile for c in found if c.epi_tile} == {(64, 64), (64, 128)}, [str(c) for c in found]
     assert config_mod.smem_estimate(k, prog.program.tensors, replace(found[0], epi_tile=(64, 128)))[0] == 96 * 1024
+
+
+@pytest.mark.parametrize("m,n,depths", [(64, 6144, (128, 64)), (64, 4096, (64, 128)), (8192, 14336, (64, 128))])
+def test_the_heuristics_tile_is_also_tried_at_the_other_k_depth(m, n, depths):
+    # decode grids of 96 tiles or more take K = 128 (config.DEEP_K_TILES), the rest 64: either way
+    # the tune times the other depth of the same tile and cluster
+    prog, k = gemm(str(ROOT / "samples" / "rope.epi"))
+    found = space.candidates(k, prog.program.tensors, m, n, limit=3)
+    first = found[0]
+    deeper = [c for c in found if c.tile[:2] == first.tile[:2] and c.cluster == first.cluster and c.tile[2] != first.tile[2]]
+    assert (first.tile[2], {c.tile[2] for c in deeper}) == (depths[0], {depths[1]}), [str(c) for c in found]
+    plan = planner.make_plan(prog.program, dict(M=m, D=4096, N=n), {k.name: space.override(deeper[0])})
+    assert plan.configs[k.name] == deeper[0]
 
 
 @pytest.mark.parametrize("m", [64, 8192])

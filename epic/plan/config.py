@@ -6,7 +6,8 @@ Heuristic (chosen from H200 measurements: docs/PERFORMANCE.md, "Tuning"):
                                                    64x128 puts 32, on 132 SMs;
                                                    1x128 blocks: cluster 1x2, the two CTAs share
                                                    each block (not a 64x128 tile); N over 8192:
-                                                   64x128, half the waves (SMALL_M_WIDE)
+                                                   64x128, half the waves (SMALL_M_WIDE);
+                                                   M <= 64 and at least 96 tiles: K = 128
   otherwise    pingpong 128x128x64, cluster 2x1  prefill: the epilogue of one warp group overlaps
                (128x192 where 192-wide tiles     the other's mainloop (LARGE_M, WIDE_N below)
                leave at most 1% of N empty),
@@ -223,6 +224,15 @@ SMALL_M_WIDE = [KernelConfig("pingpong", (64, 128, 64), (1, 1))]
 # 2026-12-01-h200-interleaved-configs.json).
 WIDE_N = [KernelConfig("pingpong", (128, 192, 64), (2, 1), swizzle=8)]
 WIDE = 8192       # decode (M <= 256) takes 64x128 tiles above this N
+# Decode gemms of at most 64 rows whose grid has at least DEEP_K_TILES tiles take K = 128 tiles (half the mainloop iterations, each
+# loading twice as much). M = 64, two runs (L2 flushed by a read and by a write; bench/results/
+# 2026-12-03-h200-interleaved-decode-k128.log), K = 64 / 128: with 96 tiles (N = 6144) RoPE 1.079 /
+# 1.046 and 1.062 / 1.042, its plain gemm 1.022 / 0.997 and 1.017 / 1.004; with 112 and 224 (64x128
+# tiles at N = 14336 and 28672) bias + GELU 1.025 / 1.015 and 1.019 / 1.009, SwiGLU 1.031 / 1.026 and
+# 1.024 / 1.017; but with 64 (N = 4096) K = 128 was slower on every workload: plain 1.017 / 1.025 and
+# 1.025 / 1.043, residual + RMSNorm 1.205 / 1.214, fp8 quant 1.160 / 1.183 (write flush). M = 65 to
+# 256 keeps K = 64: not measured there.
+DEEP_K_TILES = 96
 
 
 def _wide(n: int | None) -> bool:
@@ -253,11 +263,21 @@ def heuristic(m: int, blocks: set[int] | None = None, kernel=None, tensors: dict
     large = WIDE_N + LARGE_M if _wide(n) else LARGE_M
     small = SMALL_M_WIDE + SMALL_M if n is not None and n > WIDE else SMALL_M
     ladder = [_with_blocks(c, blocks, split=m <= 256) for c in (small if m <= 256 else large)]
+    if m <= 64 and n is not None and n > 0:      # measured at M = 64 only (one row of tiles)
+        ladder = [c for base in ladder for c in _deep_k(base, m, n)]
     if kernel is not None:
         for cfg in ladder:
             if fits(kernel, tensors, _block_epilogue(cfg, blocks)):
                 return cfg
     return ladder[0]
+
+
+def _deep_k(cfg: KernelConfig, m: int, n: int) -> list[KernelConfig]:
+    """A decode configuration, preceded by its K = 128 variant where its grid has DEEP_K_TILES tiles
+    or more (the variant's deeper stages take more shared memory: the K = 64 one stays behind it)."""
+    tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
+    deep = tiles >= DEEP_K_TILES and cfg.tile[2] == 64
+    return ([replace(cfg, tile=(cfg.tile_m, cfg.tile_n, 128))] if deep else []) + [cfg]
 
 
 def _tile_for(schedule: str, tile: tuple[int, int, int]) -> tuple[int, int, int]:

@@ -6,7 +6,8 @@ it), ranked by a cost model of the tile grid: the fraction of computed elements 
 matrix (ragged edges), the fraction of the last wave's SMs that have work, and the tile's operand
 reuse (a 128x256 tile loads 3/8 of the bytes per flop a 64x64 one does). Launch-time options
 (swizzle, raster) do not change the built kernel; they are tried on the best tiles only, and so are
-explicit epilogue tiles (wider subtiles: fewer epilogue iterations for more shared memory). Where the
+explicit epilogue tiles (wider subtiles: fewer epilogue iterations for more shared memory), and so is
+the other K depth (64 or 128: the heuristic takes 128 only for decode grids of many tiles). Where the
 output tiles cannot fill half the SMs (decode), split-K is tried on cooperative 128-row tiles: the
 split count that comes closest to one full wave. The vendor's gemm (cuBLAS) is a candidate of every
 gemm it can run (plan/backend.py).
@@ -66,7 +67,7 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6,
     best tiles (the cost model cannot tell clusters apart) -- then the first two with swizzles 1 and 8
     (the heuristic's may lie between) and the other raster orders (along M, along N, CUTLASS's
     heuristic), the heuristic's tile with wider epilogue subtiles, and split-K where the tiles leave
-    most SMs idle."""
+    most SMs idle; and the heuristic's tile at the other K depth."""
     heuristic = config_mod.choose(kernel, m, None, tensors, n, depth)
     # epic's kernels around the heuristic's CUTLASS configuration, and the vendor's gemm where it can
     # run this gemm (first where the heuristic chose it)
@@ -104,6 +105,13 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6,
             continue
         if all(c.key() != cfg.key() for c in out):
             out.append(cfg)
+    other = (first.tile_m, first.tile_n, 128 if first.tile[2] == 64 else 64)   # the heuristic's tile, other K depth
+    try:
+        cfg = config_mod.choose(kernel, m, {**override(first), "tile": other}, tensors, n)
+        if all(c.key() != cfg.key() for c in out):
+            out.append(cfg)
+    except EpicError:                  # shared memory: deeper stages leave fewer of them
+        pass
     out += split_k(kernel, tensors, m, n)
     return vendor + out if heuristic.vendor else out[:1] + vendor + out[1:]
 
