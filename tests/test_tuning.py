@@ -69,7 +69,7 @@ def test_the_heuristics_tile_is_also_tried_with_wider_epilogue_subtiles():
 
 @pytest.mark.parametrize("m,n,depths", [(64, 6144, (128, 64)), (64, 4096, (64, 128)), (8192, 14336, (64, 128))])
 def test_the_heuristics_tile_is_also_tried_at_the_other_k_depth(m, n, depths):
-    # decode grids of 96 tiles or more take K = 128 (config.DEEP_K_TILES), the rest 64: either way
+    # decode gemms of at most 64 rows on 96 tiles or more take K = 128 (config.DEEP_K_TILES), the rest 64: either way
     # the tune times the other depth of the same tile and cluster
     prog, k = gemm(str(ROOT / "samples" / "rope.epi"))
     found = space.candidates(k, prog.program.tensors, m, n, limit=3)

@@ -224,8 +224,8 @@ SMALL_M_WIDE = [KernelConfig("pingpong", (64, 128, 64), (1, 1))]
 # 2026-12-01-h200-interleaved-configs.json).
 WIDE_N = [KernelConfig("pingpong", (128, 192, 64), (2, 1), swizzle=8)]
 WIDE = 8192       # decode (M <= 256) takes 64x128 tiles above this N
-# Decode gemms of at most 64 rows whose grid has at least DEEP_K_TILES tiles take K = 128 tiles (half the mainloop iterations, each
-# loading twice as much). M = 64, two runs (L2 flushed by a read and by a write; bench/results/
+# Decode gemms of at most 64 rows whose grid has at least DEEP_K_TILES tiles take K = 128 tiles (half
+# the mainloop iterations, each loading twice as much). M = 64, two runs (L2 flushed by a read and by a write; bench/results/
 # 2026-12-03-h200-interleaved-decode-k128.log), K = 64 / 128: with 96 tiles (N = 6144) RoPE 1.079 /
 # 1.046 and 1.062 / 1.042, its plain gemm 1.022 / 0.997 and 1.017 / 1.004; with 112 and 224 (64x128
 # tiles at N = 14336 and 28672) bias + GELU 1.025 / 1.015 and 1.019 / 1.009, SwiGLU 1.031 / 1.026 and

@@ -108,10 +108,10 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6,
     other = (first.tile_m, first.tile_n, 128 if first.tile[2] == 64 else 64)   # the heuristic's tile, other K depth
     try:
         cfg = config_mod.choose(kernel, m, {**override(first), "tile": other}, tensors, n)
-        if all(c.key() != cfg.key() for c in out):
-            out.append(cfg)
     except EpicError:                  # shared memory: deeper stages leave fewer of them
-        pass
+        cfg = None
+    if cfg is not None and all(c.key() != cfg.key() for c in out):
+        out.append(cfg)
     out += split_k(kernel, tensors, m, n)
     return vendor + out if heuristic.vendor else out[:1] + vendor + out[1:]
 
