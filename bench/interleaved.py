@@ -10,7 +10,9 @@ over rounds of its time / cuBLAS's time in the same round, printed with the quar
   python bench/interleaved.py --work plain,bias_gelu --rows 8192 \
       --configs coop_128x256x64_c2x1_s8,coop_256x128x64_c1x2_s8 [--rounds 200] [--calls] [--out F]
 
-A configuration named `tuned` runs `epic tune` at the work's shape first and times its winners.
+A configuration named `tuned` runs `epic tune` at the work's shape first and times its winners;
+`serial` is the default configuration with no kernel launched as a programmatic dependent
+(EPIC_DEPENDENT_LAUNCH=0), `noprefetch` without the dependents' L2 prefetch (EPIC_DEPENDENT_PREFETCH=0).
 
 --calls times epic through its call path (`prog(**inputs)`) instead of graph replays, and cuBLAS as
 `x @ w` calls; each run then starts on an idle GPU (synchronized after the flush), so the host's time
@@ -24,6 +26,7 @@ lines, as it would in a model's decode step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -56,6 +59,12 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False):
             if label == "tuned":      # what `epic tune` picks at this shape, timed beside the rest
                 config = tuned_config(base, path, inputs)
                 print(f"  {name} M={m} tuned: {config}", flush=True)
+            elif label in SWITCHES:   # the default with a launch switch off (SWITCHES)
+                prog = epic.compile(os.path.join(ROOT, path))
+                with switched_off(SWITCHES[label]):
+                    prog(**inputs)    # binds here, with the switch read
+                out.append((label, wrap(lambda p=prog: p(**inputs))))
+                continue
             else:
                 config = {g: parse_config(label) for g in gemms} if label != "default" else None
             prog = base if config is None else epic.compile(os.path.join(ROOT, path), config)
@@ -63,6 +72,24 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False):
         except Exception as e:   # a configuration this program cannot take: say why, time the rest
             print(f"  {name} M={m} {label}: {str(e).splitlines()[0][:160]}", flush=True)
     return out
+
+
+# labels of the default configuration with one of the runtime's launch switches off
+SWITCHES = {"serial": "EPIC_DEPENDENT_LAUNCH", "noprefetch": "EPIC_DEPENDENT_PREFETCH"}
+
+
+@contextlib.contextmanager
+def switched_off(name: str):
+    """name=0 while a program binds (runtime/binding.py reads the switches there)."""
+    before = os.environ.get(name)
+    os.environ[name] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
 
 
 def tuned_config(prog, path: str, inputs: dict) -> dict:

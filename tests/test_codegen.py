@@ -118,6 +118,9 @@ def test_split_k_builds_the_stream_k_scheduler_and_the_split_count_is_a_launch_a
     # CUTLASS 4.2's stream-K scheduler does not compile with griddepcontrol (is_last_tile)
     assert "#define CUTLASS_ENABLE_GDC_FOR_SM90" in base[0].source
     assert "#define CUTLASS_ENABLE_GDC_FOR_SM90" not in two[0].source
+    # so a split-K kernel, which would not wait, is never launched as a programmatic dependent
+    assert "cudaLaunchAttributeProgrammaticStreamSerialization" in base[0].source
+    assert "cudaLaunchAttributeProgrammaticStreamSerialization" not in two[0].source
 
 
 def test_combine_kernels_are_programmatic_dependents_that_wait_before_reading():
@@ -133,8 +136,8 @@ def test_combine_kernels_are_programmatic_dependents_that_wait_before_reading():
 def test_the_launch_sets_the_cluster_only_where_there_is_one():
     prog = pipeline.analyze(str(ROOT / "samples" / "bias_gelu.epi")).program
     small, large = (next(u for _, u in emit.units(prog, emit.kernel_configs(prog, m))) for m in (64, 8192))
-    assert "config.numAttrs = 0;" in small.source and "clusterDim.x = 1;" in small.source
-    assert "config.numAttrs = 1;" in large.source and "clusterDim.x = 2;" in large.source
+    assert "cudaLaunchAttributeClusterDimension" not in small.source
+    assert "cudaLaunchAttributeClusterDimension" in large.source and "clusterDim.x = 2;" in large.source
     assert "Gemm::run" not in large.source and "cudaFuncAttributeNonPortableClusterSizeAllowed" not in large.source
 
 

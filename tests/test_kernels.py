@@ -1,6 +1,10 @@
 """A compiled program's kernels are generated, built and loaded once per plan configuration
 (epic/runtime/kernels.py): signatures whose plans agree share them, and a configuration already
-loaded is ready at once under EPIC_BUILD_IN_BACKGROUND. nvcc and the loader are stand-ins here."""
+loaded is ready at once under EPIC_BUILD_IN_BACKGROUND; the launch flags of each gemm (a decode gemm
+after another kernel of the call is that kernel's programmatic dependent). nvcc and the loader are
+stand-ins here."""
+from pathlib import Path
+
 import pytest
 
 import epic
@@ -51,3 +55,37 @@ def test_loaded_kernels_are_ready_without_a_background_build(builds, monkeypatch
     monkeypatch.setenv("EPIC_BUILD_IN_BACKGROUND", "1")
     assert prog._kernels_ready(("a signature",), sizes, NO_DEVICE)
     assert len(builds) == 1
+
+
+
+MLP = str(Path(__file__).resolve().parents[1] / "samples" / "prenorm_mlp.epi")
+
+
+def _gemm_flags(bound):
+    """The launch flags (sizes[6]) of each gemm launch, in launch order."""
+    return [(l.library.path.rsplit("/", 1)[-1].split(".")[0], l.dims[6]) for l in bound.launches if len(l.dims) == 7]
+
+
+def test_decode_gemms_after_the_first_kernel_of_a_call_are_programmatic_dependents(builds, monkeypatch):
+    sizes = dict(M=64, D=256, F=512)
+    bound = epic.compile(MLP)._bind(sizes, NO_DEVICE)
+    # o_proj opens the call (its predecessor is not epic's); gate_up follows the combine kernel, down gate_up
+    assert _gemm_flags(bound) == [("o_proj", 0), ("gate_up", 3), ("down", 3)]    # 2: B prefetched into L2
+    assert len(bound.launches) == 4           # the combine kernel between o_proj and gate_up
+    monkeypatch.setenv("EPIC_DEPENDENT_PREFETCH", "0")
+    assert _gemm_flags(epic.compile(MLP)._bind(sizes, NO_DEVICE)) == [("o_proj", 0), ("gate_up", 1), ("down", 1)]
+    monkeypatch.setenv("EPIC_DEPENDENT_LAUNCH", "0")
+    assert _gemm_flags(epic.compile(MLP)._bind(sizes, NO_DEVICE)) == [("o_proj", 0), ("gate_up", 0), ("down", 0)]
+
+
+def test_gemms_of_more_than_one_row_of_decode_tiles_are_launched_in_stream_order(builds):
+    # above DEPENDENT_ROWS the chains measured slower with dependents (epic/plan/config.py)
+    bound = epic.compile(MLP)._bind(dict(M=65, D=256, F=512), NO_DEVICE)
+    assert _gemm_flags(bound) == [("o_proj", 0), ("gate_up", 0), ("down", 0)]
+
+
+def test_a_launch_switch_that_is_neither_on_nor_off_is_E706(builds, monkeypatch):
+    from epic.diagnostics import EpicError
+    monkeypatch.setenv("EPIC_DEPENDENT_LAUNCH", "sometimes")
+    e = pytest.raises(EpicError, epic.compile(MLP)._bind, dict(M=64, D=256, F=512), NO_DEVICE).value
+    assert e.codes == ["E706"] and "EPIC_DEPENDENT_LAUNCH" in str(e)

@@ -75,8 +75,10 @@ class KernelSpec:
 
     @property
     def scheduler_headers(self) -> list[str]:
-        """Node headers printed outside the kernel's namespace (a scheduler specializes CUTLASS's selector)."""
-        return [] if self.config.split_k else ["epic_nodes/grouped_tile_scheduler.hpp"]
+        """Node headers printed outside the kernel's namespace (a scheduler specializes CUTLASS's selector;
+        the mainloop wrapper of a kernel that can be launched as a programmatic dependent)."""
+        return [] if self.config.split_k else ["epic_nodes/grouped_tile_scheduler.hpp",
+                                               "epic_nodes/l2_prefetch_mainloop.hpp"]
 
 
 class Builder:

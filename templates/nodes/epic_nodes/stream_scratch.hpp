@@ -2,9 +2,10 @@
 // to meet other CTAs of the same launch (a folded combine's row block counters, the slots in which two
 // CTAs exchange halves of a block statistic) and leaves zeroed again when it ends.
 //
-// One buffer per (device, stream, purpose), owned by the library: the gemms of one stream run one
-// after another (they are never launched as programmatic dependents), so one buffer serves every
-// launch on that stream, and launches on two streams never share one. A buffer is never freed: a launch
+// One buffer per (device, stream, purpose), owned by the library: the gemms of one stream use it one
+// after another (a gemm launched as a programmatic dependent touches global memory only after its
+// griddepcontrol.wait, when the kernel before it has finished), so one buffer serves every launch on
+// that stream, and launches on two streams never share one. A buffer is never freed: a launch
 // still in flight on the stream may use an older, smaller one when a larger one replaces it. nullptr
 // where CUDA refuses the memory. The first call for a stream allocates (and waits for the zeroing, on
 // a private stream, which is allowed while the caller's stream captures a CUDA graph).
