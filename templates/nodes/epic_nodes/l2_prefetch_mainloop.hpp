@@ -56,7 +56,10 @@ struct L2PrefetchMainloop : Mainloop {
     if constexpr (kBytes == 0) return;     // sub-byte B: not prefetched
     bool const k_major = p.stride_k == 1;
     int const runs = k_major ? cols : depth;
-    unsigned const run_bytes = unsigned(k_major ? depth : cols) * kBytes;
+    // the instruction takes whole 16-byte units: a run's ragged end (a row of K or N elements whose
+    // bytes are not a multiple of 16, its stride padded) is left to the mainloop's own loads
+    unsigned const run_bytes = (unsigned(k_major ? depth : cols) * kBytes) & ~15u;
+    if (run_bytes == 0) return;
     long long const step = (k_major ? p.stride_n : p.stride_k) * kBytes;
     char const* first = p.ptr_b + (k_major ? n0 * p.stride_n : n0) * kBytes;
     for (int r = 0; r < runs; ++r) {
