@@ -79,7 +79,7 @@ def test_decode_gemms_after_the_first_kernel_of_a_call_are_programmatic_dependen
 
 
 def test_gemms_of_more_than_one_row_of_decode_tiles_are_launched_in_stream_order(builds):
-    # above DEPENDENT_ROWS the chains measured slower with dependents (epic/plan/config.py)
+    # above DEPENDENT_ROWS the chains measured slower with dependents (epic/plan/launch.py)
     bound = epic.compile(MLP)._bind(dict(M=65, D=256, F=512), NO_DEVICE)
     assert _gemm_flags(bound) == [("o_proj", 0), ("gate_up", 0), ("down", 0)]
 

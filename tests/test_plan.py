@@ -68,6 +68,20 @@ def test_ledger_render_has_totals():
     assert "o_proj__row_mean_part0" in text
 
 
+def test_the_ledger_says_which_gemms_are_launched_as_dependents(monkeypatch):
+    a = pipeline.analyze(str(ROOT / "samples" / "prenorm_mlp.epi"))
+    decode = ledger.render(planner.make_plan(a.program, dict(M=64, D=D, F=F)), a.source_program)
+    assert ("launched as o_proj__row_combine's programmatic dependent; asks L2 for its first tile's wgu "
+            "while it waits") in decode
+    assert "launched as gate_up's programmatic dependent; asks L2 for its first tile's wd" in decode
+    assert decode.count("programmatic dependent") == 2            # o_proj opens the call
+    wider = ledger.render(planner.make_plan(a.program, dict(M=65, D=D, F=F)), a.source_program)
+    assert "programmatic dependent" not in wider
+    monkeypatch.setenv("EPIC_DEPENDENT_PREFETCH", "0")
+    plain = ledger.render(planner.make_plan(a.program, dict(M=64, D=D, F=F)), a.source_program)
+    assert "launched as gate_up's programmatic dependent\n" in plain and "asks L2" not in plain
+
+
 def test_the_plan_and_the_sources_take_the_wide_tile_at_a_wide_n(tmp_path):
     from cli.main import main
     from epic.codegen import emit

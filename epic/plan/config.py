@@ -224,12 +224,6 @@ SMALL_M_WIDE = [KernelConfig("pingpong", (64, 128, 64), (1, 1))]
 # 2026-12-01-h200-interleaved-configs.json).
 WIDE_N = [KernelConfig("pingpong", (128, 192, 64), (2, 1), swizzle=8)]
 WIDE = 8192       # decode (M <= 256) takes 64x128 tiles above this N
-# A gemm after another kernel of the call is launched as that kernel's programmatic dependent (runtime/
-# binding.py) up to this many rows, one row of decode tiles: at M = 64 the pre-norm first half read
-# 0.993 against 1.032 launched in order, the MLP block 0.965 against 0.996; at M = 256 they read 1.284
-# against 1.088 and 1.213 against 1.099, at M = 8192 the MLP block 1.027 against 0.989
-# (bench/results/2026-12-04-h200-interleaved-dependent-launch.log).
-DEPENDENT_ROWS = 64
 # Decode gemms of at most 64 rows whose grid has at least DEEP_K_TILES tiles take K = 128 tiles (half
 # the mainloop iterations, each loading twice as much). M = 64, two runs (L2 flushed by a read and by a write; bench/results/
 # 2026-12-03-h200-interleaved-decode-k128.log), K = 64 / 128: with 96 tiles (N = 6144) RoPE 1.079 /

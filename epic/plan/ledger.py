@@ -21,6 +21,7 @@ from ..ir import primitives as P
 from ..ir.core import Program, Value
 from ..passes.defer_row_scale import SUFFIX
 from ..shapes import Kind
+from . import launch
 from .planner import Plan, folds
 
 
@@ -153,6 +154,7 @@ def render(plan: Plan, source: Program) -> str:
     out = [f"plan for {plan.program.name} at {sizes}", ""]
     out.append("kernels (in launch order):")
     folded = folds(plan.program, plan.configs)
+    previous = None          # the kernel launched before this one in the call
     for i, step in enumerate(plan.steps, 1):
         k = step.kernel
         cfg = f"  [{step.config}]" if step.config else ""
@@ -160,6 +162,13 @@ def render(plan: Plan, source: Program) -> str:
         if k.name in folded:
             desc += f", folded into {folded[k.name]} (combine=fold: its last CTA per row block runs it, no launch)"
         out.append(f"  {i}. {k.name}: {desc}{cfg}")
+        if k.kind == "gemm" and step.config is not None:
+            rows = sizes_mod.evaluate(k.rows, plan.sizes)
+            how = launch.describe(launch.gemm_flags(previous is not None, rows, step.config), previous, k.b)
+            if how:
+                out.append(f"       {how}")
+        if k.name not in folded:
+            previous = k.name
         if k.kind == "gemm":
             partial = [s for s in k.stores if s.value.kind is Kind.PARTIAL]
             work = [s.tensor for s in k.stores if s not in partial]

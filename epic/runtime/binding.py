@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import envflags
 from .. import sizes as sizes_mod
 from ..codegen import evt, vendor
 from ..ir.core import Tensor
-from ..plan import config, planner
+from ..plan import launch, planner
 from . import derived, executable
 from .executable import Executable, Launch
 
@@ -26,11 +25,6 @@ def bind(plan: planner.Plan, libraries: list, device) -> Executable:
     tensors, buffers), then the launches that point into it."""
     program, sizes = plan.program, plan.sizes
     host_step, allocations = derived.specs(program), plan.allocations()
-    # launch flags of a gemm after another kernel of the call, at decode sizes (templates/gemm.cu.j2,
-    # sizes[6]): 1 launched as the previous kernel's programmatic dependent (PDL), resident and its
-    # prologue done while that kernel's last tiles finish; 2 also asking L2 for its B operand meanwhile
-    dependent = (1 | (2 if envflags.enabled("EPIC_DEPENDENT_PREFETCH", True) else 0)
-                 if envflags.enabled("EPIC_DEPENDENT_LAUNCH", True) else 0)
     launches = []
     by_name = {spec.name: (spec, lib) for spec, lib in libraries}
     for k in program.kernels:
@@ -43,7 +37,7 @@ def bind(plan: planner.Plan, libraries: list, device) -> Executable:
         elif isinstance(spec, evt.KernelSpec):
             cfg = plan.configs[k.name]
             dims = [m, n, sizes_mod.evaluate(k.k, sizes), cfg.swizzle, cfg.raster_code, cfg.splits,
-                    dependent if launches and m <= config.DEPENDENT_ROWS else 0]
+                    launch.gemm_flags(bool(launches), m, cfg)]
         else:
             cfg = plan.configs[k.source]
             dims = [m, n, cfg.tile_m, cfg.tile_n]

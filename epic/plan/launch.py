@@ -1,0 +1,39 @@
+"""How a call launches its kernels, one after another on the caller's stream.
+
+A gemm of at most DEPENDENT_ROWS rows that follows another kernel of the call is launched as that
+kernel's programmatic dependent (CUDA's programmatic stream serialization): it becomes resident and
+runs its prologue while the kernel before it finishes, and waits in its producer warps
+(griddepcontrol.wait) before any global memory access. Meanwhile it asks L2 for its first tile's B
+(templates/nodes/epic_nodes/l2_prefetch_mainloop.hpp). The first kernel of a call, split-K gemms
+(built without griddepcontrol) and the vendor's gemms are launched in stream order; combine kernels
+are always dependents of their gemm (templates/combine.cu.j2). EPIC_DEPENDENT_LAUNCH=0 and
+EPIC_DEPENDENT_PREFETCH=0 switch the two off. The flags reach the kernel as sizes[6]
+(templates/gemm.cu.j2)."""
+from __future__ import annotations
+
+from .. import envflags
+
+# One row of decode tiles. At M = 64 the pre-norm first half read 0.987-0.993 of its GEMMs against
+# 1.032-1.035 launched in order, the MLP block 0.965-0.969 against 0.996-1.003; at M = 256 they read
+# 1.284 against 1.088 and 1.213 against 1.099, at M = 8192 the MLP block 1.027 against 0.989
+# (bench/results/2026-12-04-h200-interleaved-dependent-launch.log).
+DEPENDENT_ROWS = 64
+PROGRAMMATIC, PREFETCH_B = 1, 2
+
+
+def gemm_flags(after_another: bool, rows: int, config) -> int:
+    """The launch flags of an epic gemm of `rows` rows with this KernelConfig; after_another: a kernel
+    of the same call is launched before it."""
+    if not after_another or rows > DEPENDENT_ROWS or config.split_k or config.vendor:
+        return 0
+    if not envflags.enabled("EPIC_DEPENDENT_LAUNCH", True):
+        return 0
+    return PROGRAMMATIC | (PREFETCH_B if envflags.enabled("EPIC_DEPENDENT_PREFETCH", True) else 0)
+
+
+def describe(flags: int, previous: str, b: str) -> str | None:
+    """What `epic plan` says about a gemm's launch (None: launched in stream order)."""
+    if not flags & PROGRAMMATIC:
+        return None
+    return (f"launched as {previous}'s programmatic dependent"
+            + (f"; asks L2 for its first tile's {b} while it waits" if flags & PREFETCH_B else ""))
