@@ -57,7 +57,6 @@ def test_loaded_kernels_are_ready_without_a_background_build(builds, monkeypatch
     assert len(builds) == 1
 
 
-
 MLP = str(Path(__file__).resolve().parents[1] / "samples" / "prenorm_mlp.epi")
 
 
@@ -89,3 +88,13 @@ def test_a_launch_switch_that_is_neither_on_nor_off_is_E706(builds, monkeypatch)
     monkeypatch.setenv("EPIC_DEPENDENT_LAUNCH", "sometimes")
     e = pytest.raises(EpicError, epic.compile(MLP)._bind, dict(M=64, D=256, F=512), NO_DEVICE).value
     assert e.codes == ["E706"] and "EPIC_DEPENDENT_LAUNCH" in str(e)
+
+
+def test_the_prefetch_is_asked_for_only_with_one_row_of_tiles(monkeypatch):
+    # its first tile is the CTA's column block only then (templates/nodes/epic_nodes/l2_prefetch_mainloop.hpp)
+    from epic.plan import config, launch
+    monkeypatch.setattr(launch, "DEPENDENT_ROWS", 256)          # were the limit raised
+    tile64 = config.KernelConfig("pingpong", (64, 64, 64))
+    assert [launch.gemm_flags(True, m, tile64) for m in (64, 65)] == [3, 1]
+    assert launch.gemm_flags(False, 64, tile64) == 0
+    assert launch.gemm_flags(True, 64, config.KernelConfig("cooperative", (128, 64, 64), splits=2)) == 0

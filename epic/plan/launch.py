@@ -28,7 +28,9 @@ def gemm_flags(after_another: bool, rows: int, config) -> int:
         return 0
     if not envflags.enabled("EPIC_DEPENDENT_LAUNCH", True):
         return 0
-    return PROGRAMMATIC | (PREFETCH_B if envflags.enabled("EPIC_DEPENDENT_PREFETCH", True) else 0)
+    # the prefetch takes the CTA's index for its first tile's column block: true with one row of tiles
+    prefetch = rows <= config.tile_m and envflags.enabled("EPIC_DEPENDENT_PREFETCH", True)
+    return PROGRAMMATIC | (PREFETCH_B if prefetch else 0)
 
 
 def describe(flags: int, previous: str, b: str) -> str | None:

@@ -1,4 +1,4 @@
-// epic_mainloop::L2PrefetchMainloop<Mainloop, TileN, TileK, Stages>: CUTLASS's sm90 mainloop collective,
+// epic_mainloop::L2PrefetchMainloop<Mainloop, TileN, TileK>: CUTLASS's sm90 mainloop collective,
 // whose kernel-start hook (prefetch_tma_descriptors, run by one thread of each CTA before the producer's
 // griddepcontrol.wait) also asks L2 for the B operand of the CTA's first tile, as many K steps as the
 // pipeline has stages. A gemm launched as a programmatic dependent becomes resident while the kernel
@@ -8,8 +8,8 @@
 // line prefetched before the previous kernel writes it is never read stale.
 //
 // The first tile is assumed to be the CTA's linear index along N, which is what the persistent
-// scheduler gives where the grid has one row of tiles (M <= the tile's M); the launch enables the
-// prefetch only there (prefetch_stages = 0 elsewhere). Each prefetch is one cp.async.bulk.prefetch of a
+// scheduler gives where the grid has one row of tiles (M <= the tile's M); the launch asks for the
+// prefetch only there (epic/plan/launch.py). Each prefetch is one cp.async.bulk.prefetch of a
 // contiguous run: B's rows of one column block when B is K-major (a weight W[N, K] passed as W.t()),
 // else its columns' rows, clipped to the matrix (TMA's 16-byte strides keep every run 16-byte aligned).
 #pragma once
@@ -18,14 +18,14 @@
 
 namespace epic_mainloop {
 
-template <class Mainloop, int TileN, int TileK, int Stages>
+template <class Mainloop, int TileN, int TileK>
 struct L2PrefetchMainloop : Mainloop {
   using Base = Mainloop;
   struct Params : Base::Params {
     char const* ptr_b = nullptr;
     long long stride_n = 0, stride_k = 0;   // elements
     int n = 0, k = 0;
-    int prefetch_stages = 0;                // set by the launch: 0 = none
+    bool prefetch = false;                  // set by the launch (its flag 2)
   };
 
   template <class ProblemShape>
@@ -45,12 +45,13 @@ struct L2PrefetchMainloop : Mainloop {
   CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const& p) {
     Base::prefetch_tma_descriptors(p);
 #if defined(__CUDA_ARCH__)
-    if (p.prefetch_stages <= 0) return;
+    if (!p.prefetch) return;
+    constexpr int kStages = Base::DispatchPolicy::Stages;
     long long const cta = blockIdx.x + (long long)gridDim.x * blockIdx.y;
     long long const n0 = cta * TileN;
     if (n0 >= p.n) return;
     int const cols = p.n - n0 < TileN ? int(p.n - n0) : TileN;
-    int const depth = p.prefetch_stages * TileK < p.k ? p.prefetch_stages * TileK : p.k;
+    int const depth = kStages * TileK < p.k ? kStages * TileK : p.k;
     using ElementB = cute::remove_cvref_t<decltype(*typename Base::Arguments{}.ptr_B)>;
     constexpr int kBytes = int(cute::sizeof_bits_v<ElementB> / 8);
     if constexpr (kBytes == 0) return;     // sub-byte B: not prefetched
