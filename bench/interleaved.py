@@ -12,7 +12,13 @@ over rounds of its time / cuBLAS's time in the same round, printed with the quar
 
 A configuration named `tuned` runs `epic tune` at the work's shape first and times its winners;
 `serial` is the default configuration with no kernel launched as a programmatic dependent
-(EPIC_DEPENDENT_LAUNCH=0), `noprefetch` without the dependents' L2 prefetch (EPIC_DEPENDENT_PREFETCH=0).
+(EPIC_DEPENDENT_LAUNCH=0), `noprefetch` without the dependents' L2 prefetch (EPIC_DEPENDENT_PREFETCH=0),
+`dependent` with dependents at any row count (epic.plan.launch.DEPENDENT_ROWS lifted while it binds),
+`infirst` with each call's first gemm launched in stream order (not a dependent of the kernel before).
+
+--repeat N makes each run N calls back to back (cuBLAS's too), as a model's consecutive layers would:
+a call's first gemm then follows the previous call's last kernel. `--work a+b` runs work a's program
+then b's in each run (cuBLAS: a's GEMMs then b's), e.g. a decode layer's programs in order.
 
 --calls times epic through its call path (`prog(**inputs)`) instead of graph replays, and cuBLAS as
 `x @ w` calls; each run then starts on an idle GPU (synchronized after the flush), so the host's time
@@ -44,12 +50,16 @@ from bench import ROOT, WORK, graphed, parse_config  # noqa: E402
 from profiling import l2_flush  # noqa: E402
 
 
-def candidates(name: str, m: int, configs: list[str], calls: bool = False):
+def candidates(name: str, m: int, configs: list[str], calls: bool = False, repeat: int = 1):
     """[(label, replay)] for cuBLAS, epic's default configuration and each configuration given
-    (with calls: the calls themselves instead of CUDA-graph replays)."""
+    (with calls: the calls themselves instead of CUDA-graph replays; repeat: each run makes that many
+    calls back to back, as a model's consecutive layers do). A name `a+b` runs work a's program then
+    b's in each call (cuBLAS: a's GEMMs then b's); it takes the launch-rule labels only."""
+    if "+" in name:
+        return sequence_candidates(name.split("+"), m, configs, calls, repeat)
     path, make = WORK[name]
     gemm, _, inputs = make(m)
-    wrap = (lambda fn: fn) if calls else graphed
+    wrap = wrapper(calls, repeat)
     # the control: cuBLAS again, as a candidate; its ratio shows the method's noise floor
     out = [("cublas", wrap(gemm)), ("cublas-again", wrap(gemm))]
     base = epic.compile(os.path.join(ROOT, path))
@@ -59,10 +69,8 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False):
             if label == "tuned":      # what `epic tune` picks at this shape, timed beside the rest
                 config = tuned_config(base, path, inputs)
                 print(f"  {name} M={m} tuned: {config}", flush=True)
-            elif label in SWITCHES:   # the default with a launch switch off (SWITCHES)
-                prog = epic.compile(os.path.join(ROOT, path))
-                with switched_off(SWITCHES[label]):
-                    prog(**inputs)    # binds here, with the switch read
+            elif label in SWITCHES or label in PATCHES:   # the default with a launch rule changed
+                prog = bound_with_rule(path, inputs, label)
                 out.append((label, wrap(lambda p=prog: p(**inputs))))
                 continue
             else:
@@ -72,6 +80,39 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False):
         except Exception as e:   # a configuration this program cannot take: say why, time the rest
             print(f"  {name} M={m} {label}: {str(e).splitlines()[0][:160]}", flush=True)
     return out
+
+
+def wrapper(calls: bool, repeat: int):
+    def wrap(fn):
+        runs = fn if repeat == 1 else (lambda: [fn() for _ in range(repeat)])
+        return runs if calls else graphed(runs)
+    return wrap
+
+
+def sequence_candidates(names: list[str], m: int, configs: list[str], calls: bool, repeat: int):
+    """candidates() of works run one after the other in each call."""
+    works = [(WORK[n][0], *WORK[n][1](m)) for n in names]     # (path, gemm, make's second, inputs)
+    wrap = wrapper(calls, repeat)
+    gemm = wrap(lambda: [g() for _, g, _, _ in works])
+    out = [("cublas", gemm), ("cublas-again", wrap(lambda: [g() for _, g, _, _ in works]))]
+    for label in ["default"] + configs:
+        if label != "default" and label not in SWITCHES and label not in PATCHES:
+            print(f"  {'+'.join(names)} M={m} {label}: a sequence takes launch-rule labels only", flush=True)
+            continue
+        progs = [(bound_with_rule(path, inputs, label), inputs) for path, _, _, inputs in works]
+        out.append((label, wrap(lambda ps=progs: [p(**i) for p, i in ps])))
+    return out
+
+
+def bound_with_rule(path: str, inputs: dict, label: str):
+    """The program bound to these inputs with the launch rule of a SWITCHES or PATCHES label (none for
+    'default')."""
+    prog = epic.compile(os.path.join(ROOT, path))
+    rule = (switched_off(SWITCHES[label]) if label in SWITCHES else
+            patched(*PATCHES[label]) if label in PATCHES else contextlib.nullcontext())
+    with rule:
+        prog(**inputs)    # binds here, with the rule read
+    return prog
 
 
 # labels of the default configuration with one of the runtime's launch switches off
@@ -90,6 +131,24 @@ def switched_off(name: str):
             del os.environ[name]
         else:
             os.environ[name] = before
+
+
+# labels of the default configuration with a rule of epic.plan.launch changed: dependents at any row
+# count; each call's first gemm launched in stream order
+PATCHES = {"dependent": ("DEPENDENT_ROWS", 1 << 30), "infirst": ("FIRST_DEPENDENT", "none"),
+           "firstall": ("FIRST_DEPENDENT", "all")}
+
+
+@contextlib.contextmanager
+def patched(name: str, value):
+    """epic.plan.launch.<name> = value while a program binds."""
+    from epic.plan import launch
+    before = getattr(launch, name)
+    setattr(launch, name, value)
+    try:
+        yield
+    finally:
+        setattr(launch, name, before)
 
 
 def tuned_config(prog, path: str, inputs: dict) -> dict:
@@ -143,6 +202,7 @@ def main() -> int:
     ap.add_argument("--configs", default="")
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--calls", action="store_true", help="time calls (host path included), not graph replays")
+    ap.add_argument("--repeat", type=int, default=1, help="calls back to back in each run")
     ap.add_argument("--flush", choices=("write", "read"), default="write",
                     help="flush L2 by writing (dirty lines, the default) or reading a 256 MB buffer")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "interleaved.json"))
@@ -152,10 +212,11 @@ def main() -> int:
     results = []
     for name in args.work.split(","):
         for m in (int(r) for r in args.rows.split(",")):
-            times = rounds(candidates(name, m, configs, args.calls), args.rounds, idle=args.calls,
+            times = rounds(candidates(name, m, configs, args.calls, args.repeat), args.rounds, idle=args.calls,
                            flush_by=args.flush)
             base = times["cublas"]
             rec = {"work": name, "M": m, "timed": "calls" if args.calls else "graph replays", "flush": args.flush,
+                   "repeat": args.repeat,
                    "cublas_ms": statistics.median(base), "ratios": {}}
             for label, ts in times.items():
                 if label == "cublas":

@@ -421,6 +421,60 @@ def test_a_captured_program_replays_like_calls(name):
     assert info.value.codes == ["E609"]
 
 
+@pytest.mark.parametrize("name", ["samples/residual_rmsnorm.epi", "samples/qk_norm_rope.epi", "samples/bias_gelu.epi"])
+def test_a_decode_call_waits_for_what_the_caller_ran_before_it(name):
+    """A one-gemm program's gemm of at most 64 rows is launched as a programmatic dependent of the
+    caller's last kernel on the stream (epic/plan/launch.py). Its A operand written just before the
+    call -- by a long reduction kernel, by a copy (not a kernel), by another stream's kernel waited
+    for, and by a kernel in the same CUDA graph -- gives the bytes of a call made after a synchronize;
+    the operand is poisoned before each write, so a gemm that read it early would differ."""
+    prog = compiled(name)
+    sizes = PROGRAMS[name](64, 392, 200)
+    inputs = to_device(prog.program, make_inputs(prog.analysis.source_program, sizes, seed=seed_of(name, "pdl")))
+    a = prog.program.kernels[0].a
+    x = inputs[a]
+    parts = torch.randn(4096, x.numel(), device=x.device).to(x.dtype) / 64      # about 40 us to reduce
+
+    def write(into):
+        torch.sum(parts, 0, out=into.view(-1))
+
+    write(x)
+    want = {k: v.clone() for k, v in prog(**inputs).items()}
+    source = x.clone()
+    torch.cuda.synchronize()
+
+    def check(how, got):
+        torch.cuda.synchronize()
+        for k in want:
+            assert torch.equal(got[k].view(-1).view(torch.uint8), want[k].view(-1).view(torch.uint8)), f"{how}: {k}"
+
+    def poison():
+        x.fill_(float("nan"))
+        torch.cuda.synchronize()
+
+    poison()
+    write(x)
+    check("after a kernel", prog(**inputs))
+    poison()
+    x.copy_(source)
+    check("after a copy", prog(**inputs))
+    poison()
+    other = torch.cuda.Stream()
+    other.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(other):
+        write(x)
+    torch.cuda.current_stream().wait_stream(other)
+    check("after another stream's kernel", prog(**inputs))
+    for how, before in (("a kernel", lambda: write(x)), ("a copy", lambda: x.copy_(source))):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            before()
+            out = prog(**inputs)
+        poison()
+        graph.replay()
+        check(f"after {how} in a CUDA graph", out)
+
+
 def test_inside_torch_compile():
     name, sizes = TORCH_COMPILE_CASE
     prog = compiled(name)

@@ -155,6 +155,7 @@ def render(plan: Plan, source: Program) -> str:
     out.append("kernels (in launch order):")
     folded = folds(plan.program, plan.configs)
     previous = None          # the kernel launched before this one in the call
+    one_gemm = sum(k.kind == "gemm" for k in plan.program.kernels) == 1
     for i, step in enumerate(plan.steps, 1):
         k = step.kernel
         cfg = f"  [{step.config}]" if step.config else ""
@@ -164,7 +165,8 @@ def render(plan: Plan, source: Program) -> str:
         out.append(f"  {i}. {k.name}: {desc}{cfg}")
         if k.kind == "gemm" and step.config is not None:
             rows = sizes_mod.evaluate(k.rows, plan.sizes)
-            how = launch.describe(launch.gemm_flags(previous is not None, rows, step.config), previous, k.b)
+            how = launch.describe(launch.gemm_flags(previous is not None, rows, step.config, one_gemm),
+                                  previous, k.b)
             if how:
                 out.append(f"       {how}")
         if k.name not in folded:

@@ -27,6 +27,7 @@ def bind(plan: planner.Plan, libraries: list, device) -> Executable:
     host_step, allocations = derived.specs(program), plan.allocations()
     launches = []
     by_name = {spec.name: (spec, lib) for spec, lib in libraries}
+    one_gemm = sum(k.kind == "gemm" for k in program.kernels) == 1
     for k in program.kernels:
         if k.name not in by_name:
             continue
@@ -37,7 +38,7 @@ def bind(plan: planner.Plan, libraries: list, device) -> Executable:
         elif isinstance(spec, evt.KernelSpec):
             cfg = plan.configs[k.name]
             dims = [m, n, sizes_mod.evaluate(k.k, sizes), cfg.swizzle, cfg.raster_code, cfg.splits,
-                    launch.gemm_flags(bool(launches), m, cfg)]
+                    launch.gemm_flags(bool(launches), m, cfg, one_gemm)]
         else:
             cfg = plan.configs[k.source]
             dims = [m, n, cfg.tile_m, cfg.tile_n]
