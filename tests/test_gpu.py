@@ -439,6 +439,7 @@ def test_a_decode_call_waits_for_what_the_caller_ran_before_it(name):
         torch.sum(parts, 0, out=into.view(-1))
 
     write(x)
+    torch.cuda.synchronize()
     want = {k: v.clone() for k, v in prog(**inputs).items()}
     source = x.clone()
     torch.cuda.synchronize()
