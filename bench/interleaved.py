@@ -14,7 +14,8 @@ A configuration named `tuned` runs `epic tune` at the work's shape first and tim
 `serial` is the default configuration with no kernel launched as a programmatic dependent
 (EPIC_DEPENDENT_LAUNCH=0), `noprefetch` without the dependents' L2 prefetch (EPIC_DEPENDENT_PREFETCH=0),
 `dependent` with dependents at any row count (epic.plan.launch.DEPENDENT_ROWS lifted while it binds),
-`infirst` with each call's first gemm launched in stream order (not a dependent of the kernel before).
+`first` with a one-gemm program's gemm launched as a dependent of the kernel before the call
+(EPIC_DEPENDENT_FIRST=1), `firstall` every program's first gemm, `infirst` none (the default).
 
 --repeat N makes each run N calls back to back (cuBLAS's too), as a model's consecutive layers would:
 a call's first gemm then follows the previous call's last kernel. `--work a+b` runs work a's program
@@ -135,8 +136,8 @@ def switched_off(name: str):
 
 # labels of the default configuration with a rule of epic.plan.launch changed: dependents at any row
 # count; each call's first gemm launched in stream order
-PATCHES = {"dependent": ("DEPENDENT_ROWS", 1 << 30), "infirst": ("FIRST_DEPENDENT", "none"),
-           "firstall": ("FIRST_DEPENDENT", "all")}
+PATCHES = {"dependent": ("DEPENDENT_ROWS", 1 << 30), "first": ("FIRST_DEPENDENT", "one-gemm"),
+           "infirst": ("FIRST_DEPENDENT", "none"), "firstall": ("FIRST_DEPENDENT", "all")}
 
 
 @contextlib.contextmanager

@@ -422,13 +422,15 @@ def test_a_captured_program_replays_like_calls(name):
 
 
 @pytest.mark.parametrize("name", ["samples/residual_rmsnorm.epi", "samples/qk_norm_rope.epi", "samples/bias_gelu.epi"])
-def test_a_decode_call_waits_for_what_the_caller_ran_before_it(name):
-    """A one-gemm program's gemm of at most 64 rows is launched as a programmatic dependent of the
-    caller's last kernel on the stream (epic/plan/launch.py). Its A operand written just before the
-    call -- by a long reduction kernel, by a copy (not a kernel), by another stream's kernel waited
-    for, and by a kernel in the same CUDA graph -- gives the bytes of a call made after a synchronize;
-    the operand is poisoned before each write, so a gemm that read it early would differ."""
-    prog = compiled(name)
+def test_a_decode_call_waits_for_what_the_caller_ran_before_it(name, monkeypatch):
+    """With EPIC_DEPENDENT_FIRST=1 a one-gemm program's gemm of at most 64 rows is launched as a
+    programmatic dependent of the caller's last kernel on the stream (epic/plan/launch.py). Its A
+    operand written just before the call -- by a long reduction kernel, by a copy (not a kernel), by
+    another stream's kernel waited for, and by a kernel in the same CUDA graph -- gives the bytes of a
+    call made after a synchronize; the operand is poisoned before each write, so a gemm that read it
+    early would differ."""
+    monkeypatch.setenv("EPIC_DEPENDENT_FIRST", "1")
+    prog = epic.compile(path(name))                  # a fresh program: it binds with the switch on
     sizes = PROGRAMS[name](64, 392, 200)
     inputs = to_device(prog.program, make_inputs(prog.analysis.source_program, sizes, seed=seed_of(name, "pdl")))
     a = prog.program.kernels[0].a
@@ -441,6 +443,7 @@ def test_a_decode_call_waits_for_what_the_caller_ran_before_it(name):
     write(x)
     torch.cuda.synchronize()
     want = {k: v.clone() for k, v in prog(**inputs).items()}
+    assert prog._choose(inputs).launches[0].dims[6] == 3        # a dependent, prefetching its B
     source = x.clone()
     torch.cuda.synchronize()
 

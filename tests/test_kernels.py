@@ -68,8 +68,7 @@ def _gemm_flags(bound):
 def test_decode_gemms_after_the_first_kernel_of_a_call_are_programmatic_dependents(builds, monkeypatch):
     sizes = dict(M=64, D=256, F=512)
     bound = epic.compile(MLP)._bind(sizes, NO_DEVICE)
-    # o_proj opens a chain's call: in stream order (launch.FIRST_DEPENDENT); gate_up follows the combine
-    # kernel, down gate_up
+    # o_proj opens the call: in stream order; gate_up follows the combine kernel, down gate_up
     assert _gemm_flags(bound) == [("o_proj", 0), ("gate_up", 3), ("down", 3)]    # 2: B prefetched into L2
     assert len(bound.launches) == 4           # the combine kernel between o_proj and gate_up
     monkeypatch.setenv("EPIC_DEPENDENT_PREFETCH", "0")
@@ -81,14 +80,24 @@ def test_decode_gemms_after_the_first_kernel_of_a_call_are_programmatic_dependen
 RESID_NORM = str(Path(__file__).resolve().parents[1] / "samples" / "residual_rmsnorm.epi")
 
 
-def test_the_gemm_of_a_one_gemm_program_is_a_dependent_of_the_callers_last_kernel(builds, monkeypatch):
+def test_with_dependent_first_a_one_gemm_programs_gemm_follows_the_callers_last_kernel(builds, monkeypatch):
     # back-to-back one-gemm programs at M = 64 measured 1.168 of cuBLAS against 1.247 in stream order,
-    # chains level or better in order (epic/plan/launch.py)
+    # chains level or better in order (epic/plan/launch.py); opt-in until its GPU test has run
+    from epic.diagnostics import EpicError
+
+    def flags(program, **sizes):
+        return _gemm_flags(epic.compile(program)._bind(sizes, NO_DEVICE))
+    assert flags(RESID_NORM, M=64, D=256) == [("o_proj", 0)]                      # off by default
+    monkeypatch.setenv("EPIC_DEPENDENT_FIRST", "1")
     bound = epic.compile(RESID_NORM)._bind(dict(M=64, D=256), NO_DEVICE)
     assert _gemm_flags(bound) == [("o_proj", 3)] and len(bound.launches) == 2     # and its combine kernel
-    assert _gemm_flags(epic.compile(RESID_NORM)._bind(dict(M=65, D=256), NO_DEVICE)) == [("o_proj", 0)]
+    assert flags(RESID_NORM, M=65, D=256) == [("o_proj", 0)]
+    assert flags(MLP, M=64, D=256, F=512) == [("o_proj", 0), ("gate_up", 3), ("down", 3)]   # a chain's: in order
     monkeypatch.setenv("EPIC_DEPENDENT_LAUNCH", "0")
-    assert _gemm_flags(epic.compile(RESID_NORM)._bind(dict(M=64, D=256), NO_DEVICE)) == [("o_proj", 0)]
+    assert flags(RESID_NORM, M=64, D=256) == [("o_proj", 0)]
+    monkeypatch.setenv("EPIC_DEPENDENT_LAUNCH", "1")
+    monkeypatch.setenv("EPIC_DEPENDENT_FIRST", "maybe")
+    assert pytest.raises(EpicError, flags, RESID_NORM, M=64, D=256).value.codes == ["E706"]
 
 
 def test_gemms_of_more_than_one_row_of_decode_tiles_are_launched_in_stream_order(builds):
@@ -110,6 +119,8 @@ def test_the_prefetch_is_asked_for_only_with_one_row_of_tiles(monkeypatch):
     monkeypatch.setattr(launch, "DEPENDENT_ROWS", 256)          # were the limit raised
     tile64 = config.KernelConfig("pingpong", (64, 64, 64))
     assert [launch.gemm_flags(True, m, tile64) for m in (64, 65)] == [3, 1]
-    assert launch.gemm_flags(False, 64, tile64) == 0                  # a chain's first gemm
+    assert launch.gemm_flags(False, 64, tile64, one_gemm=True) == 0       # a call's first: opt-in
+    monkeypatch.setattr(launch, "FIRST_DEPENDENT", "one-gemm")
+    assert launch.gemm_flags(False, 64, tile64) == 0                      # a chain's first gemm
     assert launch.gemm_flags(False, 64, tile64, one_gemm=True) == 3
     assert launch.gemm_flags(True, 64, config.KernelConfig("cooperative", (128, 64, 64), splits=2)) == 0

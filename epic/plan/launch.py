@@ -1,14 +1,13 @@
 """How a call launches its kernels, one after another on the caller's stream.
 
 A gemm of at most DEPENDENT_ROWS rows is launched as a programmatic dependent (CUDA's programmatic
-stream serialization) of the kernel before it on the stream: the call's previous kernel, or, for the
-gemm of a program with one gemm, the caller's last kernel (in a decode step often another program's).
-It becomes resident and runs its prologue while that kernel finishes, and waits in its producer warps
+stream serialization) of the kernel before it on the stream: the call's previous kernel, or, with
+EPIC_DEPENDENT_FIRST=1 and for the gemm of a program with one gemm, the caller's last kernel (in a
+decode step often another program's; first_rule()). It becomes resident and runs its prologue while that kernel finishes, and waits in its producer warps
 (griddepcontrol.wait: until the kernel before it has finished and its writes are visible) before any
 global memory access. Meanwhile it asks L2 for its first tile's B
-(templates/nodes/epic_nodes/l2_prefetch_mainloop.hpp), a hint that loads nothing into the SM. The
-first gemm of a chain (more than one gemm) is launched in stream order (FIRST_DEPENDENT). Split-K gemms
-(built without griddepcontrol) and the vendor's gemms are launched in stream order; combine kernels
+(templates/nodes/epic_nodes/l2_prefetch_mainloop.hpp), a hint that loads nothing into the SM.
+Split-K gemms (built without griddepcontrol) and the vendor's gemms are launched in stream order; combine kernels
 are always dependents of their gemm (templates/combine.cu.j2). EPIC_DEPENDENT_LAUNCH=0 and
 EPIC_DEPENDENT_PREFETCH=0 switch the two off. The flags reach the kernel as sizes[6]
 (templates/gemm.cu.j2)."""
@@ -22,11 +21,19 @@ from .. import envflags
 # (bench/results/2026-12-04-h200-interleaved-dependent-launch.log).
 DEPENDENT_ROWS = 64
 # Which programs' first gemm is a dependent of the caller's last kernel: "one-gemm" (programs with one
-# gemm), "all", "none" (bench/interleaved.py's labels `firstall` and `infirst` time the other two).
-# Back to back at M = 64, one-gemm programs read 1.168 of cuBLAS as dependents against 1.247 in order;
-# chains were slower as dependents (the MLP block x 4 1.103 against 0.989)
-# (bench/results/2026-12-04-h200-interleaved-first-dependent.log).
-FIRST_DEPENDENT = "one-gemm"
+# gemm), "all", "none"; None: EPIC_DEPENDENT_FIRST decides (1: "one-gemm", unset: "none").
+# bench/interleaved.py's labels `first`, `firstall` and `infirst` set it. Back to back at M = 64,
+# one-gemm programs read 1.168 of cuBLAS as dependents against 1.247 in order; chains were slower as
+# dependents (the MLP block x 4 1.103 against 0.989)
+# (bench/results/2026-12-04-h200-interleaved-first-dependent.log). Opt-in until the GPU test that
+# writes the operand just before the call (tests/test_gpu.py, test_a_decode_call_waits_...) has run.
+FIRST_DEPENDENT = None
+
+
+def first_rule() -> str:
+    if FIRST_DEPENDENT is not None:
+        return FIRST_DEPENDENT
+    return "one-gemm" if envflags.enabled("EPIC_DEPENDENT_FIRST", False) else "none"
 PROGRAMMATIC, PREFETCH_B = 1, 2
 
 
@@ -34,8 +41,9 @@ def gemm_flags(after_another: bool, rows: int, config, one_gemm: bool = False) -
     """The launch flags of an epic gemm of `rows` rows with this KernelConfig; after_another: a kernel
     of the same call is launched before it (else the gemm opens the call); one_gemm: the program's only
     gemm."""
-    first = FIRST_DEPENDENT == "all" or (FIRST_DEPENDENT == "one-gemm" and one_gemm)
-    if not (after_another or first) or rows > DEPENDENT_ROWS or config.split_k or config.vendor:
+    if rows > DEPENDENT_ROWS or config.split_k or config.vendor:
+        return 0
+    if not after_another and not (first_rule() == "all" or (first_rule() == "one-gemm" and one_gemm)):
         return 0
     if not envflags.enabled("EPIC_DEPENDENT_LAUNCH", True):
         return 0
