@@ -135,7 +135,7 @@ def switched_off(name: str):
 
 
 # labels of the default configuration with a rule of epic.plan.launch changed: dependents at any row
-# count; each call's first gemm launched in stream order
+# count; which programs' first gemm is a dependent of the kernel before the call
 PATCHES = {"dependent": ("DEPENDENT_ROWS", 1 << 30), "first": ("FIRST_DEPENDENT", "one-gemm"),
            "infirst": ("FIRST_DEPENDENT", "none"), "firstall": ("FIRST_DEPENDENT", "all")}
 

@@ -3,14 +3,14 @@
 A gemm of at most DEPENDENT_ROWS rows is launched as a programmatic dependent (CUDA's programmatic
 stream serialization) of the kernel before it on the stream: the call's previous kernel, or, with
 EPIC_DEPENDENT_FIRST=1 and for the gemm of a program with one gemm, the caller's last kernel (in a
-decode step often another program's; first_rule()). It becomes resident and runs its prologue while that kernel finishes, and waits in its producer warps
-(griddepcontrol.wait: until the kernel before it has finished and its writes are visible) before any
-global memory access. Meanwhile it asks L2 for its first tile's B
-(templates/nodes/epic_nodes/l2_prefetch_mainloop.hpp), a hint that loads nothing into the SM.
-Split-K gemms (built without griddepcontrol) and the vendor's gemms are launched in stream order; combine kernels
-are always dependents of their gemm (templates/combine.cu.j2). EPIC_DEPENDENT_LAUNCH=0 and
-EPIC_DEPENDENT_PREFETCH=0 switch the two off. The flags reach the kernel as sizes[6]
-(templates/gemm.cu.j2)."""
+decode step often another program's; first_rule()). It becomes resident and runs its prologue while
+that kernel finishes, and waits in its producer warps (griddepcontrol.wait: until the kernel before
+it has finished and its writes are visible) before any global memory access. Meanwhile it asks L2
+for its first tile's B (templates/nodes/epic_nodes/l2_prefetch_mainloop.hpp), a hint that loads
+nothing into the SM. Split-K gemms (built without griddepcontrol) and the vendor's gemms are launched
+in stream order; combine kernels are always dependents of their gemm (templates/combine.cu.j2).
+EPIC_DEPENDENT_LAUNCH=0 and EPIC_DEPENDENT_PREFETCH=0 switch the two off. The flags reach the kernel
+as sizes[6] (templates/gemm.cu.j2)."""
 from __future__ import annotations
 
 from .. import envflags
@@ -30,11 +30,19 @@ DEPENDENT_ROWS = 64
 FIRST_DEPENDENT = None
 
 
+PROGRAMMATIC, PREFETCH_B = 1, 2
+
+
 def first_rule() -> str:
+    """Which programs' first gemm is a dependent of the caller's last kernel (FIRST_DEPENDENT)."""
     if FIRST_DEPENDENT is not None:
         return FIRST_DEPENDENT
     return "one-gemm" if envflags.enabled("EPIC_DEPENDENT_FIRST", False) else "none"
-PROGRAMMATIC, PREFETCH_B = 1, 2
+
+
+def has_one_gemm(program) -> bool:
+    """gemm_flags' one_gemm for this program's gemms."""
+    return sum(k.kind == "gemm" for k in program.kernels) == 1
 
 
 def gemm_flags(after_another: bool, rows: int, config, one_gemm: bool = False) -> int:

@@ -155,7 +155,7 @@ def render(plan: Plan, source: Program) -> str:
     out.append("kernels (in launch order):")
     folded = folds(plan.program, plan.configs)
     previous = None          # the kernel launched before this one in the call
-    one_gemm = sum(k.kind == "gemm" for k in plan.program.kernels) == 1
+    one_gemm = launch.has_one_gemm(plan.program)
     for i, step in enumerate(plan.steps, 1):
         k = step.kernel
         cfg = f"  [{step.config}]" if step.config else ""

@@ -27,7 +27,7 @@ def bind(plan: planner.Plan, libraries: list, device) -> Executable:
     host_step, allocations = derived.specs(program), plan.allocations()
     launches = []
     by_name = {spec.name: (spec, lib) for spec, lib in libraries}
-    one_gemm = sum(k.kind == "gemm" for k in program.kernels) == 1
+    one_gemm = launch.has_one_gemm(program)
     for k in program.kernels:
         if k.name not in by_name:
             continue
