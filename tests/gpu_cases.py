@@ -107,11 +107,17 @@ MX_K, MX_N = 64, 128          # x [M, K] @ w [K, N]: each program's name for K
 MX_PROGRAMS = {"tests/programs/mx_formats.epi": "K", "samples/mxfp8_block_quant.epi": "D"}
 
 
+# one-gemm programs at a decode size, their gemm launched as a dependent of the caller's last kernel
+# (EPIC_DEPENDENT_FIRST=1; tests/test_gpu.py)
+DEPENDENT_FIRST_CASES = [(name, PROGRAMS[name](64, 392, 200)) for name in
+                         ("samples/residual_rmsnorm.epi", "samples/qk_norm_rope.epi", "samples/bias_gelu.epi")]
+
+
 def own_size_cases() -> list[tuple[str, dict]]:
     """Every (program, sizes) above."""
     return [("samples/cross_entropy.epi", dict(M=m, D=XENT_D, V=v)) for m, v in XENT_SIZES] + \
         [("tests/programs/quant_exposed.epi", dict(M=m, K=k, N=n)) for m, n, k in QUANT_SIZES] + \
-        DETERMINISM_CASES + MEMCHECK_CASES + [TORCH_COMPILE_CASE, HF_BLOCK_CASE] + \
+        DETERMINISM_CASES + MEMCHECK_CASES + DEPENDENT_FIRST_CASES + [TORCH_COMPILE_CASE, HF_BLOCK_CASE] + \
         [(name, {"M": m, k: MX_K, "N": MX_N}) for name, k in MX_PROGRAMS.items() for m in MX_ROWS]
 
 

@@ -25,9 +25,9 @@ import epic
 from epic import dtypes, reference
 from epic.diagnostics import EpicError
 
-from .gpu_cases import (DETERMINISM_CASES, HF_BLOCK_CASE, MEMCHECK_CASES, PROGRAMS, QUANT_SIZES, SIZES, SPLIT_CASES,
-                        TORCH_COMPILE_CASE, XENT_D, XENT_SIZES, fold_config, folds, make_inputs, path, split_k_config,
-                        to_device)
+from .gpu_cases import (DEPENDENT_FIRST_CASES, DETERMINISM_CASES, HF_BLOCK_CASE, MEMCHECK_CASES, PROGRAMS,
+                        QUANT_SIZES, SIZES, SPLIT_CASES, TORCH_COMPILE_CASE, XENT_D, XENT_SIZES, fold_config, folds,
+                        make_inputs, path, split_k_config, to_device)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (see docs/GPU.md)")]
@@ -421,8 +421,8 @@ def test_a_captured_program_replays_like_calls(name):
     assert info.value.codes == ["E609"]
 
 
-@pytest.mark.parametrize("name", ["samples/residual_rmsnorm.epi", "samples/qk_norm_rope.epi", "samples/bias_gelu.epi"])
-def test_a_decode_call_waits_for_what_the_caller_ran_before_it(name, monkeypatch):
+@pytest.mark.parametrize("name,sizes", DEPENDENT_FIRST_CASES, ids=[n for n, _ in DEPENDENT_FIRST_CASES])
+def test_a_decode_call_waits_for_what_the_caller_ran_before_it(name, sizes, monkeypatch):
     """With EPIC_DEPENDENT_FIRST=1 a one-gemm program's gemm of at most 64 rows is launched as a
     programmatic dependent of the caller's last kernel on the stream (epic/plan/launch.py). Its A
     operand written just before the call -- by a long reduction kernel, by a copy (not a kernel), by
@@ -431,7 +431,6 @@ def test_a_decode_call_waits_for_what_the_caller_ran_before_it(name, monkeypatch
     early would differ."""
     monkeypatch.setenv("EPIC_DEPENDENT_FIRST", "1")
     prog = epic.compile(path(name))                  # a fresh program: it binds with the switch on
-    sizes = PROGRAMS[name](64, 392, 200)
     inputs = to_device(prog.program, make_inputs(prog.analysis.source_program, sizes, seed=seed_of(name, "pdl")))
     a = prog.program.kernels[0].a
     x = inputs[a]

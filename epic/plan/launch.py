@@ -3,7 +3,7 @@
 A gemm of at most DEPENDENT_ROWS rows is launched as a programmatic dependent (CUDA's programmatic
 stream serialization) of the kernel before it on the stream: the call's previous kernel, or, with
 EPIC_DEPENDENT_FIRST=1 and for the gemm of a program with one gemm, the caller's last kernel (in a
-decode step often another program's; first_rule()). It becomes resident and runs its prologue while
+decode step often another program's; first_is_dependent()). It becomes resident and runs its prologue while
 that kernel finishes, and waits in its producer warps (griddepcontrol.wait: until the kernel before
 it has finished and its writes are visible) before any global memory access. Meanwhile it asks L2
 for its first tile's B (templates/nodes/epic_nodes/l2_prefetch_mainloop.hpp), a hint that loads
@@ -28,16 +28,15 @@ DEPENDENT_ROWS = 64
 # (bench/results/2026-12-04-h200-interleaved-first-dependent.log). Opt-in until the GPU test that
 # writes the operand just before the call (tests/test_gpu.py, test_a_decode_call_waits_...) has run.
 FIRST_DEPENDENT = None
-
-
 PROGRAMMATIC, PREFETCH_B = 1, 2
 
 
-def first_rule() -> str:
-    """Which programs' first gemm is a dependent of the caller's last kernel (FIRST_DEPENDENT)."""
-    if FIRST_DEPENDENT is not None:
-        return FIRST_DEPENDENT
-    return "one-gemm" if envflags.enabled("EPIC_DEPENDENT_FIRST", False) else "none"
+def first_is_dependent(one_gemm: bool) -> bool:
+    """Whether a program's first gemm is a dependent of the caller's last kernel (FIRST_DEPENDENT)."""
+    rule = FIRST_DEPENDENT
+    if rule is None:
+        rule = "one-gemm" if envflags.enabled("EPIC_DEPENDENT_FIRST", False) else "none"
+    return rule == "all" or (rule == "one-gemm" and one_gemm)
 
 
 def has_one_gemm(program) -> bool:
@@ -51,7 +50,7 @@ def gemm_flags(after_another: bool, rows: int, config, one_gemm: bool = False) -
     gemm."""
     if rows > DEPENDENT_ROWS or config.split_k or config.vendor:
         return 0
-    if not after_another and not (first_rule() == "all" or (first_rule() == "one-gemm" and one_gemm)):
+    if not after_another and not first_is_dependent(one_gemm):
         return 0
     if not envflags.enabled("EPIC_DEPENDENT_LAUNCH", True):
         return 0
