@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    fastcall.library()      # built before any call: calls take the ctypes path while it builds
     results = []
     for name in args.work.split(","):
         path, make = WORK[name]

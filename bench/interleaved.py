@@ -45,6 +45,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import epic  # noqa: E402
+from epic.runtime import fastcall  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import ROOT, WORK, graphed, parse_config  # noqa: E402
@@ -210,6 +211,7 @@ def main() -> int:
     args = ap.parse_args()
     configs = [c for c in args.configs.split(",") if c]
     print(torch.__version__, torch.cuda.get_device_name(), time.strftime("%Y-%m-%d"), flush=True)
+    fastcall.library()      # built before any call: calls take the ctypes path while it builds
     results = []
     for name in args.work.split(","):
         for m in (int(r) for r in args.rows.split(",")):

@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import epic  # noqa: E402
 from epic.codegen import emit  # noqa: E402
 from epic.diagnostics import EpicError  # noqa: E402
-from epic.runtime import build  # noqa: E402
+from epic.runtime import build, fastcall  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import DIMS, ROOT, WORK, parse_config  # noqa: E402
@@ -36,8 +36,10 @@ def main() -> int:
                     continue
                 for _, u in emit.units(prog.program, configs):
                     units[(u.name, u.source)] = u
+    fastcall.start(warn=False)          # the compiled call path's launcher, beside nvcc
     for p in build.build_all(list(units.values())):
         print(p)
+    print(fastcall.library() or f"no compiled call path: {fastcall.why_not()}")
     return 0
 
 

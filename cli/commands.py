@@ -195,7 +195,9 @@ def _rows(text: str) -> list[int]:
 
 
 def _build(analysis, sizes, jobs) -> None:
+    from epic.runtime import fastcall
     from epic.runtime.compiled import CompiledProgram
+    fastcall.start(warn=False)          # the launcher's compiler beside nvcc, not after it
     for lib in CompiledProgram(analysis).build(sizes, jobs):
         print(f"built {lib}")
     _build_launcher()

@@ -65,9 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import test_gpu_autograd, test_gpu_grad
         units += test_gpu_grad.units() + test_gpu_autograd.units()
     unique = {u.name + str(hash(u.source)): u for u in units if in_shard(u, args.shard)}
+    from epic.runtime import fastcall
+    fastcall.start(warn=False)          # the compiled call path's launcher, beside nvcc
     for p in build.build_all(list(unique.values())):
         print(p)
-    from epic.runtime import fastcall
     print(fastcall.library() or f"no compiled call path: {fastcall.why_not()}")
     return 0
 

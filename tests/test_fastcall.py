@@ -441,3 +441,108 @@ def test_epic_build_reports_the_launcher(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(fastcall, "why_not", lambda: "EPIC_LAUNCHER=ctypes")
     commands._build_launcher()
     assert capsys.readouterr() == ("", "")
+
+
+# ---------------------------------------------------------------- a call never waits for the compiler
+class _SlowModule:
+    """A launcher module whose 'build' (fastcall._load) waits until the test lets it finish."""
+
+    class Launcher:
+        def names(self, *a):
+            self.named = a
+
+    ABI = fastcall.ABI
+
+
+@pytest.fixture
+def slow_build(monkeypatch):
+    import threading
+    monkeypatch.setattr(fastcall, "_STATE", {"module": None, "why": None, "path": None})
+    monkeypatch.setattr(fastcall, "_BUILDER", {"thread": None})
+    monkeypatch.setenv("EPIC_LAUNCHER", "compiled")
+    monkeypatch.setattr(fastcall, "_must_compile", lambda: True)
+    release, started = threading.Event(), threading.Event()
+    outcome = {"fail": None}
+
+    def load():
+        started.set()
+        assert release.wait(30)
+        if outcome["fail"]:
+            raise fastcall._Unavailable(outcome["fail"])
+        return _SlowModule
+
+    monkeypatch.setattr(fastcall, "_load", load)
+    yield release, started, outcome
+    release.set()
+    if fastcall._BUILDER["thread"] is not None:
+        fastcall._BUILDER["thread"].join(30)
+
+
+def test_while_the_launcher_builds_calls_get_none_and_later_a_launcher(slow_build):
+    release, started, _ = slow_build
+    assert fastcall.launcher(["x"], [], wait=False) is None      # returns at once, the build started
+    assert started.wait(30) and fastcall.building()
+    assert fastcall.launcher(["x"], [], wait=False) is None and fastcall.why_not() is None
+    release.set()
+    fastcall._BUILDER["thread"].join(30)
+    assert not fastcall.building()
+    fast = fastcall.launcher(["x"], [], wait=False)
+    assert isinstance(fast, _SlowModule.Launcher) and fast.named[0] == ["x"]
+    assert fastcall._BUILDER["thread"] is not None                # one build, not one per call
+
+
+def test_a_failed_background_build_leaves_the_ctypes_path_with_its_reason(slow_build):
+    release, started, outcome = slow_build
+    outcome["fail"] = "building the launcher failed (exit status 1)"
+    fastcall.start()
+    assert started.wait(30)
+    with pytest.warns(RuntimeWarning, match="ctypes path: building the launcher failed"):
+        release.set()
+        fastcall._BUILDER["thread"].join(30)
+    assert fastcall.launcher(wait=False) is None and "failed" in fastcall.why_not()
+
+
+def test_library_waits_for_the_background_build(slow_build):
+    import threading
+    release, started, _ = slow_build
+    fastcall.start()
+    assert started.wait(30)
+    threading.Timer(0.2, release.set).start()
+    assert fastcall._module() is _SlowModule                      # blocks on the build's lock, then has it
+
+
+def test_a_signature_bound_during_the_build_is_registered_once_it_is_done(monkeypatch):
+    """The program's first call (CUDA) binds while the launcher builds: it takes the ctypes path and keeps
+    the Executable with meta tensors; the first call after the build registers it and takes the launcher."""
+    prog, fake, _ = _program_with_fake({"y": torch.ones(1)})
+    bound = prog._fast_bound[4]
+    prog._fast, prog._fast_bound = None, {}
+    state = {"building": True}
+    registered = []
+    monkeypatch.setattr(fastcall, "building", lambda: state["building"])
+    monkeypatch.setattr(fastcall, "why_not", lambda: None)
+    monkeypatch.setattr(fastcall, "launcher", lambda *a, wait=True: None if state["building"] else fake)
+    monkeypatch.setattr(fastcall, "register", lambda f, exe, ts: registered.append((f, exe, ts)) or 9)
+    x = torch.zeros(3, 5)[:, 1:]                                   # strided: the layout must survive
+    prog._register_fast(bound, [x])
+    assert prog._fast is None and registered == []
+    [(exe, metas)] = prog._fast_pending
+    assert exe is bound and metas[0].device.type == "meta"
+    assert (metas[0].shape, metas[0].stride(), metas[0].dtype) == (x.shape, x.stride(), x.dtype)
+    with pytest.raises(EpicError):                    # still building: the Python path (which refuses CPU tensors)
+        prog(**_args(prog))
+    assert fake.calls == [] and prog._fast_pending
+    state["building"] = False
+    assert prog(**_args(prog)) == {"y": fake.answer["y"]}         # now the launcher takes the call
+    assert registered == [(fake, bound, metas)] and prog._fast_bound == {9: bound}
+    assert prog._fast_pending == [] and id(bound) in prog._fast_ids
+
+
+def test_a_signature_bound_when_the_launcher_is_refused_is_not_kept(monkeypatch):
+    prog, _, _ = _program_with_fake(None)
+    bound = prog._fast_bound[4]
+    prog._fast = None
+    monkeypatch.setattr(fastcall, "launcher", lambda *a, wait=True: None)
+    monkeypatch.setattr(fastcall, "why_not", lambda: "no C++ compiler to build the launcher (set CXX)")
+    prog._register_fast(bound, [torch.zeros(2)])
+    assert prog._fast is None and prog._fast_pending == []

@@ -500,6 +500,7 @@ def test_compiled_call_path_gives_the_python_paths_bytes(name, size):
     from epic.runtime import binding, derived, fastcall
     if fastcall.mode() == "ctypes":                  # the caller turned the launcher off: nothing to compare
         pytest.skip("EPIC_LAUNCHER=ctypes: the compiled call path is off")
+    assert fastcall.library() is not None, fastcall.why_not()   # built now: a call would not wait for it
     prog = epic.compile(path(name))                  # a fresh program: its first call binds
     has_derived = bool(derived.specs(prog.program))
     sizes = PROGRAMS[name](*size)

@@ -32,13 +32,13 @@ def _start(units) -> concurrent.futures.Future:
         except BaseException as e:          # kept for the record; the next call's bind raises it again
             future.set_exception(e)
 
-    _stop_at_exit()
+    stop_at_exit()
     threading.Thread(target=run, name="epic-build", daemon=True).start()
     return future
 
 
 @functools.lru_cache(maxsize=1)
-def _stop_at_exit() -> None:
+def stop_at_exit() -> None:
     # before Python joins build_all's worker threads at exit (which would wait for nvcc to finish):
     # threading's exit hooks run first, the last registered first; atexit's run after the joins
     import concurrent.futures.thread    # noqa: F401  (registers its join hook now, so that ours runs first)

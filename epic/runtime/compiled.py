@@ -113,6 +113,7 @@ class CompiledProgram:
         self._fast = None                                # fastcall's Launcher, once a CUDA signature is bound
         self._fast_bound: dict[int, executable.Executable] = {}   # its plan ids -> the Executables handed to it
         self._fast_ids: set[int] = set()                 # id() of those Executables (kept alive by _fast_bound)
+        self._fast_pending: list = []                    # (Executable, meta tensors) bound while it was being built
         self._derived_specs = derived.specs(self.program)    # tensors computed from weights before the kernels
         self._derived = derived.Cache()
         self._waiting: dict[tuple, dict] = {}            # EPIC_BUILD_IN_BACKGROUND: signatures -> their plans' configs
@@ -200,6 +201,8 @@ class CompiledProgram:
             return self._call_into(out, poison, keep, args)
         if self.fallback in ("eager", "compiled"):
             return self.unfused(compiled=self.fallback == "compiled", **args)
+        if self._fast_pending and not fastcall.building():
+            self._adopt_launcher()
         fast = self._fast
         if fast is not None and not poison and not self._derived_specs:
             # the compiled launcher reads the keyword arguments itself (templates/launcher.cpp): the
@@ -242,6 +245,8 @@ class CompiledProgram:
         chosen = self._bound.get(key)
         if chosen is None:
             tensors, _, device, sizes = validate(self.program, args)
+            if device.type == "cuda":
+                fastcall.start()            # the launcher builds (if it must) while nvcc does
             choice = self.unfused_choice(sizes, device)
             if choice is None and not self._kernels_ready(key, sizes, device):
                 return _Unfused(False)              # EPIC_BUILD_IN_BACKGROUND: the kernels are being built
@@ -263,13 +268,30 @@ class CompiledProgram:
 
     def _register_fast(self, exe: executable.Executable, tensors: list[torch.Tensor]) -> None:
         """Hand the Executable to the compiled launcher (tensors: its table's first entries, input tensors
-        then derived tensors, whose signature the launcher matches)."""
+        then derived tensors, whose signature the launcher matches). While the launcher is being built
+        (runtime/fastcall.py: a call never waits for the compiler), keep it for then: only the tensors'
+        dtypes, shapes and strides, as meta tensors (holding no caller's memory)."""
         with self._lock:
             if self._fast is None:
-                self._fast = fastcall.launcher(self._tensor_names, self._scalar_inputs)
+                self._fast = fastcall.launcher(self._tensor_names, self._scalar_inputs, wait=False)
             if self._fast is not None:
                 self._fast_bound[fastcall.register(self._fast, exe, tensors)] = exe
                 self._fast_ids.add(id(exe))
+            elif fastcall.why_not() is None:          # not refused: being built (or just finished)
+                self._fast_pending.append((exe, [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+                                                 for x in tensors]))
+
+    def _adopt_launcher(self) -> None:
+        """The launcher's background build has finished: register what was bound meanwhile (or drop it,
+        where the launcher could not be built: the ctypes path keeps those signatures)."""
+        with self._lock:
+            pending, self._fast_pending = self._fast_pending, []
+            if self._fast is None:
+                self._fast = fastcall.launcher(self._tensor_names, self._scalar_inputs, wait=False)
+            if self._fast is not None:
+                for exe, metas in pending:
+                    self._fast_bound[fastcall.register(self._fast, exe, metas)] = exe
+                    self._fast_ids.add(id(exe))
 
     def _kernels_ready(self, signature: tuple, sizes: dict[str, int], device) -> bool:
         """Whether this call's kernels can be bound now: always, unless EPIC_BUILD_IN_BACKGROUND is set

@@ -9,6 +9,10 @@ It is an optimization only: where it cannot be built (no C++ compiler, torch wit
 EPIC_NO_BUILD and nothing cached) or EPIC_LAUNCHER=ctypes, calls take the ctypes path, with one
 warning saying why. The C++ side never decides that a call is wrong: anything that does not match a
 bound signature exactly goes back to the Python path, which validates and reports.
+
+A call never waits for the C++ compiler (half a minute on 2 cores): where the launcher is not in the
+cache, its build starts in a background thread (start()) and calls take the ctypes path until it has
+finished (launcher(wait=False)); `epic build` and library() wait for it.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ _DEVICE_TYPES = {"cpu": 0, "cuda": 1}   # c10::DeviceType
 
 _LOCK = threading.Lock()
 _STATE: dict = {"module": None, "why": None, "path": None}
+_BUILDER: dict = {"thread": None}      # the background build's thread, once one was started
 
 
 def mode() -> str:
@@ -76,11 +81,12 @@ def library_path(exe: str) -> Path:
     return cache.cache_dir() / h.hexdigest()[:24] / f"{MODULE}.so"
 
 
-def launcher(tensor_names: list[str] = (), scalars: list = ()):
+def launcher(tensor_names: list[str] = (), scalars: list = (), wait: bool = True):
     """A new Launcher (one per compiled program), or None where the compiled call path is off or
     unavailable (the first time, a warning says why). tensor_names and scalars (the program's scalar
-    inputs) are what its call() looks up in a caller's keyword arguments."""
-    module = _module()
+    inputs) are what its call() looks up in a caller's keyword arguments. wait=False: None also while
+    the launcher is being built (start()), so that the caller can take the ctypes path meanwhile."""
+    module = _module() if wait else _module_if_ready()
     if module is None:
         return None
     fast = module.Launcher()
@@ -99,7 +105,55 @@ def why_not() -> str | None:
     return _STATE["why"]
 
 
-def _module():
+def building() -> bool:
+    """Whether the background build (start()) is still running."""
+    thread = _BUILDER["thread"]
+    return thread is not None and thread.is_alive()
+
+
+def start(warn: bool = True) -> None:
+    """Start building the launcher in a background thread where it is not in the cache and can be
+    built; where it is there (or the compiled call path is off, or cannot be built), decide now:
+    loading a cached launcher takes milliseconds. Never waits for the compiler. warn=False: no
+    warning where the launcher cannot be had (the caller reports why_not() itself)."""
+    if _STATE["module"] is not None or _STATE["why"] is not None or _BUILDER["thread"] is not None:
+        return
+    if not _must_compile():
+        _module(warn)
+        return
+    with _LOCK:
+        if _BUILDER["thread"] is None and _STATE["module"] is None and _STATE["why"] is None:
+            from .background import stop_at_exit
+            stop_at_exit()              # a process that exits meanwhile does not wait for the compiler
+            _BUILDER["thread"] = threading.Thread(target=_module, args=(warn,), name="epic-launcher-build",
+                                                  daemon=True)
+            _BUILDER["thread"].start()
+
+
+def _module_if_ready():
+    """The module where it is loaded or can be at once; else None, with its build started."""
+    if _STATE["module"] is None and _STATE["why"] is None:
+        start()
+        if _BUILDER["thread"] is not None:
+            return None if building() else _module()
+    return _STATE["module"]
+
+
+def _must_compile() -> bool:
+    """Whether loading the launcher would run the C++ compiler first (False where _module() decides
+    without it: the path is off, nothing to build with, EPIC_NO_BUILD, or the cache holds it)."""
+    if mode() == "ctypes" or envflags.enabled("EPIC_NO_BUILD"):
+        return False
+    exe = compiler()
+    if exe is None:
+        return False
+    try:
+        return cache.problem(library_path(exe)) is not None
+    except (EpicError, OSError):        # _module() reports it
+        return False
+
+
+def _module(warn: bool = True):
     if _STATE["module"] is not None or _STATE["why"] is not None:
         return _STATE["module"]
     with _LOCK:
@@ -108,7 +162,7 @@ def _module():
                 _STATE["module"] = _load()
             except _Unavailable as e:
                 _STATE["why"] = str(e)
-                if mode() != "ctypes":
+                if warn and mode() != "ctypes":
                     warnings.warn(f"epic: calls take the ctypes path: {e}", RuntimeWarning, stacklevel=4)
     return _STATE["module"]
 
