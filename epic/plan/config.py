@@ -347,7 +347,7 @@ VOCAB_COLUMNS = 256
 def fitting_order(cfg: KernelConfig, m: int, n: int, raster_fixed: bool = False) -> tuple[int, str]:
     """The largest swizzle up to the configuration's, and a raster order, that pad the tile grid no
     more than swizzle 1: a padding tile costs a wave slot like a real one, while a larger swizzle
-    keeps a wave's operands in L2 (docs/PERFORMANCE.md, "The tile scheduler"). The
+    keeps a wave's operands in L2 (docs/PERFORMANCE.md, "Tile order"). The
     configuration's raster order first; unless the file or the call fixed it, the other where only
     that one groups a dimension the swizzle divides (N = 14336 on 128x192 tiles: 75 columns and 64 rows
     of tiles; along N with swizzle 8, grouping rows). At most 4 on a grid VOCAB_COLUMNS wide or wider."""
