@@ -546,3 +546,20 @@ def test_a_signature_bound_when_the_launcher_is_refused_is_not_kept(monkeypatch)
     monkeypatch.setattr(fastcall, "why_not", lambda: "no C++ compiler to build the launcher (set CXX)")
     prog._register_fast(bound, [torch.zeros(2)])
     assert prog._fast is None and prog._fast_pending == []
+
+
+def test_a_child_forked_during_the_build_neither_waits_for_it_nor_forgets_to_build(slow_build):
+    import os
+    release, started, _ = slow_build
+    fastcall.start()
+    assert started.wait(30) and fastcall._LOCK.locked()          # the build holds the lock
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                                  # the child: its own lock, no build running
+        ok = not fastcall._LOCK.locked() and fastcall._BUILDER["thread"] is None and not fastcall.building()
+        os.write(w, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 1)
+    os.waitpid(pid, 0)
+    assert got == b"1"

@@ -46,6 +46,19 @@ _STATE: dict = {"module": None, "why": None, "path": None}
 _BUILDER: dict = {"thread": None}      # the background build's thread, once one was started
 
 
+def _after_fork_in_child() -> None:
+    """A child forked while the background build held _LOCK would wait for it forever: the child gets
+    a fresh lock, and a build that had not finished is the child's to start again (the cache's file
+    lock keeps the two processes from writing one entry)."""
+    global _LOCK
+    _LOCK = threading.Lock()
+    if _STATE["module"] is None and _STATE["why"] is None:
+        _BUILDER["thread"] = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def mode() -> str:
     """EPIC_LAUNCHER: "compiled" (the default) or "ctypes" (never build or use the launcher)."""
     value = os.environ.get("EPIC_LAUNCHER", "").strip().lower() or "compiled"
