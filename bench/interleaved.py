@@ -13,6 +13,7 @@ over rounds of its time / cuBLAS's time in the same round, printed with the quar
 A configuration named `tuned` runs `epic tune` at the work's shape first and times its winners;
 `serial` is the default configuration with no kernel launched as a programmatic dependent
 (EPIC_DEPENDENT_LAUNCH=0), `noprefetch` without the dependents' L2 prefetch (EPIC_DEPENDENT_PREFETCH=0),
+`novectors` without asking L2 for the epilogue's vectors at kernel start (EPIC_EPILOGUE_PREFETCH=0),
 `dependent` with dependents at any row count (epic.plan.launch.DEPENDENT_ROWS lifted while it binds),
 `first` with a one-gemm program's gemm launched as a dependent of the kernel before the call
 (EPIC_DEPENDENT_FIRST=1), `firstall` every program's first gemm, `infirst` none (the default).
@@ -118,7 +119,8 @@ def bound_with_rule(path: str, inputs: dict, label: str):
 
 
 # labels of the default configuration with one of the runtime's launch switches off
-SWITCHES = {"serial": "EPIC_DEPENDENT_LAUNCH", "noprefetch": "EPIC_DEPENDENT_PREFETCH"}
+SWITCHES = {"serial": "EPIC_DEPENDENT_LAUNCH", "noprefetch": "EPIC_DEPENDENT_PREFETCH",
+            "novectors": "EPIC_EPILOGUE_PREFETCH"}
 
 
 @contextlib.contextmanager

@@ -68,13 +68,14 @@ def _gemm_flags(bound):
 def test_decode_gemms_after_the_first_kernel_of_a_call_are_programmatic_dependents(builds, monkeypatch):
     sizes = dict(M=64, D=256, F=512)
     bound = epic.compile(MLP)._bind(sizes, NO_DEVICE)
-    # o_proj opens the call: in stream order; gate_up follows the combine kernel, down gate_up
-    assert _gemm_flags(bound) == [("o_proj", 0), ("gate_up", 3), ("down", 3)]    # 2: B prefetched into L2
+    # o_proj opens the call: in stream order; gate_up follows the combine kernel, down gate_up.
+    # 2: B prefetched into L2; 4: the epilogue's vectors too (o_proj's gamma)
+    assert _gemm_flags(bound) == [("o_proj", 4), ("gate_up", 3), ("down", 3)]
     assert len(bound.launches) == 4           # the combine kernel between o_proj and gate_up
     monkeypatch.setenv("EPIC_DEPENDENT_PREFETCH", "0")
-    assert _gemm_flags(epic.compile(MLP)._bind(sizes, NO_DEVICE)) == [("o_proj", 0), ("gate_up", 1), ("down", 1)]
+    assert _gemm_flags(epic.compile(MLP)._bind(sizes, NO_DEVICE)) == [("o_proj", 4), ("gate_up", 1), ("down", 1)]
     monkeypatch.setenv("EPIC_DEPENDENT_LAUNCH", "0")
-    assert _gemm_flags(epic.compile(MLP)._bind(sizes, NO_DEVICE)) == [("o_proj", 0), ("gate_up", 0), ("down", 0)]
+    assert _gemm_flags(epic.compile(MLP)._bind(sizes, NO_DEVICE)) == [("o_proj", 4), ("gate_up", 0), ("down", 0)]
 
 
 RESID_NORM = str(Path(__file__).resolve().parents[1] / "samples" / "residual_rmsnorm.epi")
@@ -87,14 +88,14 @@ def test_with_dependent_first_a_one_gemm_programs_gemm_follows_the_callers_last_
 
     def flags(program, **sizes):
         return _gemm_flags(epic.compile(program)._bind(sizes, NO_DEVICE))
-    assert flags(RESID_NORM, M=64, D=256) == [("o_proj", 0)]                      # off by default
+    assert flags(RESID_NORM, M=64, D=256) == [("o_proj", 4)]                      # off by default (4: gamma)
     monkeypatch.setenv("EPIC_DEPENDENT_FIRST", "1")
     bound = epic.compile(RESID_NORM)._bind(dict(M=64, D=256), NO_DEVICE)
-    assert _gemm_flags(bound) == [("o_proj", 3)] and len(bound.launches) == 2     # and its combine kernel
+    assert _gemm_flags(bound) == [("o_proj", 7)] and len(bound.launches) == 2     # and its combine kernel
     assert flags(RESID_NORM, M=65, D=256) == [("o_proj", 0)]
-    assert flags(MLP, M=64, D=256, F=512) == [("o_proj", 0), ("gate_up", 3), ("down", 3)]   # a chain's: in order
+    assert flags(MLP, M=64, D=256, F=512) == [("o_proj", 4), ("gate_up", 3), ("down", 3)]   # a chain's: in order
     monkeypatch.setenv("EPIC_DEPENDENT_LAUNCH", "0")
-    assert flags(RESID_NORM, M=64, D=256) == [("o_proj", 0)]
+    assert flags(RESID_NORM, M=64, D=256) == [("o_proj", 4)]
     monkeypatch.setenv("EPIC_DEPENDENT_LAUNCH", "1")
     monkeypatch.setenv("EPIC_DEPENDENT_FIRST", "maybe")
     assert pytest.raises(EpicError, flags, RESID_NORM, M=64, D=256).value.codes == ["E706"]
@@ -124,3 +125,43 @@ def test_the_prefetch_is_asked_for_only_with_one_row_of_tiles(monkeypatch):
     assert launch.gemm_flags(False, 64, tile64) == 0                      # a chain's first gemm
     assert launch.gemm_flags(False, 64, tile64, one_gemm=True) == 3
     assert launch.gemm_flags(True, 64, config.KernelConfig("cooperative", (128, 64, 64), splits=2)) == 0
+
+
+def test_the_epilogues_vectors_are_asked_for_with_one_row_of_tiles_whoever_launches_first(monkeypatch):
+    # flag 4 (templates/nodes/epic_nodes/l2_prefetch_vectors.hpp): only a kernel with vectors, only one
+    # row of tiles, never split-K, and EPIC_EPILOGUE_PREFETCH=0 switches it off
+    from epic.diagnostics import EpicError
+    from epic.plan import config, launch
+    tile64 = config.KernelConfig("pingpong", (64, 64, 64))
+    assert launch.gemm_flags(False, 64, tile64, vectors=True) == 4
+    assert launch.gemm_flags(True, 64, tile64, vectors=True) == 7
+    assert launch.gemm_flags(False, 64, tile64, vectors=False) == 0
+    assert launch.gemm_flags(False, 65, tile64, vectors=True) == 0
+    assert launch.gemm_flags(False, 64, config.KernelConfig("cooperative", (128, 64, 64), splits=2), vectors=True) == 0
+    monkeypatch.setenv("EPIC_EPILOGUE_PREFETCH", "0")
+    assert launch.gemm_flags(True, 64, tile64, vectors=True) == 3
+    monkeypatch.setenv("EPIC_EPILOGUE_PREFETCH", "some")
+    assert pytest.raises(EpicError, launch.gemm_flags, False, 64, tile64, vectors=True).value.codes == ["E706"]
+
+
+def test_plan_and_code_generation_agree_on_the_vectors_asked_for(monkeypatch):
+    # epic plan's list (plan.epilogue.vector_tensors over the IR) against the generated kernel's
+    # (KernelSpec.vectors, made by the broadcast nodes' emitters), for every sample at decode size
+    from types import SimpleNamespace
+    from epic.codegen import emit
+    from epic.plan import epilogue
+    samples = Path(__file__).resolve().parents[1] / "samples"
+    seen = set()
+    for path in sorted(samples.glob("*.epi")):
+        prog = epic.compile(str(path))
+        for k in prog.program.kernels:
+            if k.kind != "gemm":
+                continue
+            planned = epilogue.vector_tensors(SimpleNamespace(tensors=prog.program.tensors, k=k))
+            configs = emit.kernel_configs(prog.program, 64)
+            for spec, _ in emit.units(prog.program, configs):
+                if spec.name == k.name:
+                    generated = list(dict.fromkeys(v.tensor for v in spec.vectors))
+                    assert generated == planned, (path.name, k.name)
+                    seen.update(generated)
+    assert {"gamma", "bias", "pos", "freq"} <= seen
