@@ -15,6 +15,9 @@ A gemm whose grid has one row of tiles (at most a tile's rows) also asks L2, at 
 slices of the epilogue's vectors (a bias, an RMSNorm gamma, RoPE's positions) that its tiles read
 (templates/nodes/epic_nodes/l2_prefetch_vectors.hpp): CUTLASS's broadcast nodes load them when a
 tile's epilogue begins, which at decode sizes nothing hides. EPIC_EPILOGUE_PREFETCH=0 switches it off.
+Both prefetches take CTA i's tiles to be column blocks i, i + CTAs, ...; with a 1x2 cluster CUTLASS's
+scheduler deals the same blocks out in another order (CTA (x, y) of a cluster grid gets block 2x + y),
+which does not matter: L2 is shared, so what counts is that the CTAs together ask for every block.
 The flags reach the kernel as sizes[6] (templates/gemm.cu.j2)."""
 from __future__ import annotations
 

@@ -8,12 +8,14 @@
 // memory is coherent, so a line asked for before an earlier kernel writes it is never read stale.
 //
 // Only for a grid with one row of tiles (M <= the tile's M; the launch asks for it only there, flag
-// 4, epic/plan/launch.py), where the persistent scheduler gives a CTA the tiles of column blocks
-// cta, cta + ctas, ... A vector is a row vector (one element per column: the column blocks' slices),
-// a column vector (one per row: its first M elements) or a per-head vector of `period` elements
-// (the whole vector). Each request is one cp.async.bulk.prefetch of whole 16-byte units (epic refuses
-// tensors that are not 16-byte aligned, and a column block's slice starts at a multiple of 16 bytes);
-// a ragged end is left to the epilogue's own loads.
+// 4, epic/plan/launch.py). CTA i asks for column blocks i, i + CTAs, ...: CUTLASS's scheduler deals
+// them out in that order, or, with a 1x2 cluster, in another (CTA (x, y) of the cluster grid gets
+// block 2x + y); L2 is shared, so what counts is that the CTAs together ask for every block. A vector
+// is a row vector (one element per column: each block's slice), a column vector (one per row: its
+// first M elements) or a per-head vector of `period` elements (all of it). Each request is one
+// cp.async.bulk.prefetch of whole 16-byte units (epic refuses tensors that are not 16-byte aligned,
+// and a column block's slice starts at a multiple of 16 bytes); a ragged end is left to the
+// epilogue's own loads. vector_runs() is the arithmetic, tested on the host (tests/test_l2_prefetch_vectors.py).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,23 @@ struct VectorPrefetch {
   int bytes = 0;              // per element
   int kind = 0;               // 0 row vector, 1 column vector, 2 per-head vector
 };
+
+// Calls run(offset, bytes) for each byte run of vector x (offset from x.ptr) that CTA `cta` of `ctas`
+// asks for, before rounding to 16-byte units.
+template <int TileM, int TileN, class Run>
+CUTLASS_HOST_DEVICE void vector_runs(VectorPrefetch const& x, long long cta, long long ctas, Run&& run) {
+  if (x.ptr == nullptr || x.elements <= 0 || x.bytes <= 0) return;
+  if (x.kind == 0) {
+    for (long long n0 = cta * TileN; n0 < x.elements; n0 += ctas * TileN) {
+      long long const cols = x.elements - n0 < TileN ? x.elements - n0 : TileN;
+      run(n0 * x.bytes, cols * x.bytes);
+    }
+  } else if (x.kind == 1) {
+    run(0LL, (x.elements < TileM ? x.elements : TileM) * x.bytes);
+  } else {
+    run(0LL, x.elements * x.bytes);
+  }
+}
 
 template <class Mainloop, int TileM, int TileN, int NumVectors>
 struct L2PrefetchVectors : Mainloop {
@@ -58,18 +77,9 @@ struct L2PrefetchVectors : Mainloop {
     long long const ctas = (long long)gridDim.x * gridDim.y;
     CUTLASS_PRAGMA_UNROLL
     for (int v = 0; v < NumVectors; ++v) {
-      VectorPrefetch const& x = p.vectors[v];
-      if (x.ptr == nullptr || x.elements <= 0) continue;
-      if (x.kind == 0) {
-        for (long long n0 = cta * TileN; n0 < x.elements; n0 += ctas * TileN) {
-          long long const cols = x.elements - n0 < TileN ? x.elements - n0 : TileN;
-          prefetch_run(x.ptr + n0 * x.bytes, cols * x.bytes);
-        }
-      } else if (x.kind == 1) {
-        prefetch_run(x.ptr, (x.elements < TileM ? x.elements : TileM) * x.bytes);
-      } else {
-        prefetch_run(x.ptr, x.elements * x.bytes);
-      }
+      char const* base = p.vectors[v].ptr;
+      vector_runs<TileM, TileN>(p.vectors[v], cta, ctas,
+                                [&](long long offset, long long bytes) { prefetch_run(base + offset, bytes); });
     }
 #endif
   }
