@@ -480,9 +480,9 @@ def test_a_decode_call_waits_for_what_the_caller_ran_before_it(name, sizes, monk
 
 @pytest.mark.parametrize("name,sizes", DEPENDENT_FIRST_CASES, ids=[n for n, _ in DEPENDENT_FIRST_CASES])
 def test_asking_l2_for_the_epilogues_vectors_changes_no_byte(name, sizes, monkeypatch):
-    """At decode sizes a gemm asks L2 for its epilogue's vectors at kernel start (launch flag 4,
-    templates/nodes/epic_nodes/l2_prefetch_vectors.hpp): a hint, so the outputs are those of a launch
-    without it, byte for byte, on fresh inputs (vectors written just before the call included)."""
+    """With EPIC_EPILOGUE_PREFETCH=1 a decode gemm asks L2 for its epilogue's vectors at kernel start
+    (launch flag 4, templates/nodes/epic_nodes/l2_prefetch_vectors.hpp): a hint, so the outputs are
+    those of a launch without it, byte for byte (vectors written just before the call included)."""
     inputs = None
     got = {}
     for switch in ("1", "0"):

@@ -68,13 +68,14 @@ def _gemm_flags(bound):
 def test_decode_gemms_after_the_first_kernel_of_a_call_are_programmatic_dependents(builds, monkeypatch):
     sizes = dict(M=64, D=256, F=512)
     bound = epic.compile(MLP)._bind(sizes, NO_DEVICE)
-    # o_proj opens the call: in stream order; gate_up follows the combine kernel, down gate_up.
-    # 2: B prefetched into L2; 4: the epilogue's vectors too (o_proj's gamma)
-    assert _gemm_flags(bound) == [("o_proj", 4), ("gate_up", 3), ("down", 3)]
+    # o_proj opens the call: in stream order; gate_up follows the combine kernel, down gate_up
+    assert _gemm_flags(bound) == [("o_proj", 0), ("gate_up", 3), ("down", 3)]    # 2: B prefetched into L2
     assert len(bound.launches) == 4           # the combine kernel between o_proj and gate_up
     monkeypatch.setenv("EPIC_DEPENDENT_PREFETCH", "0")
-    assert _gemm_flags(epic.compile(MLP)._bind(sizes, NO_DEVICE)) == [("o_proj", 4), ("gate_up", 1), ("down", 1)]
+    assert _gemm_flags(epic.compile(MLP)._bind(sizes, NO_DEVICE)) == [("o_proj", 0), ("gate_up", 1), ("down", 1)]
     monkeypatch.setenv("EPIC_DEPENDENT_LAUNCH", "0")
+    assert _gemm_flags(epic.compile(MLP)._bind(sizes, NO_DEVICE)) == [("o_proj", 0), ("gate_up", 0), ("down", 0)]
+    monkeypatch.setenv("EPIC_EPILOGUE_PREFETCH", "1")       # 4: the epilogue's vectors (o_proj's gamma)
     assert _gemm_flags(epic.compile(MLP)._bind(sizes, NO_DEVICE)) == [("o_proj", 4), ("gate_up", 0), ("down", 0)]
 
 
@@ -88,14 +89,14 @@ def test_with_dependent_first_a_one_gemm_programs_gemm_follows_the_callers_last_
 
     def flags(program, **sizes):
         return _gemm_flags(epic.compile(program)._bind(sizes, NO_DEVICE))
-    assert flags(RESID_NORM, M=64, D=256) == [("o_proj", 4)]                      # off by default (4: gamma)
+    assert flags(RESID_NORM, M=64, D=256) == [("o_proj", 0)]                      # off by default
     monkeypatch.setenv("EPIC_DEPENDENT_FIRST", "1")
     bound = epic.compile(RESID_NORM)._bind(dict(M=64, D=256), NO_DEVICE)
-    assert _gemm_flags(bound) == [("o_proj", 7)] and len(bound.launches) == 2     # and its combine kernel
+    assert _gemm_flags(bound) == [("o_proj", 3)] and len(bound.launches) == 2     # and its combine kernel
     assert flags(RESID_NORM, M=65, D=256) == [("o_proj", 0)]
-    assert flags(MLP, M=64, D=256, F=512) == [("o_proj", 4), ("gate_up", 3), ("down", 3)]   # a chain's: in order
+    assert flags(MLP, M=64, D=256, F=512) == [("o_proj", 0), ("gate_up", 3), ("down", 3)]   # a chain's: in order
     monkeypatch.setenv("EPIC_DEPENDENT_LAUNCH", "0")
-    assert flags(RESID_NORM, M=64, D=256) == [("o_proj", 4)]
+    assert flags(RESID_NORM, M=64, D=256) == [("o_proj", 0)]
     monkeypatch.setenv("EPIC_DEPENDENT_LAUNCH", "1")
     monkeypatch.setenv("EPIC_DEPENDENT_FIRST", "maybe")
     assert pytest.raises(EpicError, flags, RESID_NORM, M=64, D=256).value.codes == ["E706"]
@@ -128,11 +129,13 @@ def test_the_prefetch_is_asked_for_only_with_one_row_of_tiles(monkeypatch):
 
 
 def test_the_epilogues_vectors_are_asked_for_with_one_row_of_tiles_whoever_launches_first(monkeypatch):
-    # flag 4 (templates/nodes/epic_nodes/l2_prefetch_vectors.hpp): only a kernel with vectors, only one
-    # row of tiles, never split-K, and EPIC_EPILOGUE_PREFETCH=0 switches it off
+    # flag 4 (templates/nodes/epic_nodes/l2_prefetch_vectors.hpp), with EPIC_EPILOGUE_PREFETCH=1 (opt-in
+    # until measured): only a kernel with vectors, only one row of tiles, never split-K
     from epic.diagnostics import EpicError
     from epic.plan import config, launch
     tile64 = config.KernelConfig("pingpong", (64, 64, 64))
+    assert launch.gemm_flags(False, 64, tile64, vectors=True) == 0            # off by default
+    monkeypatch.setenv("EPIC_EPILOGUE_PREFETCH", "1")
     assert launch.gemm_flags(False, 64, tile64, vectors=True) == 4
     assert launch.gemm_flags(True, 64, tile64, vectors=True) == 7
     assert launch.gemm_flags(False, 64, tile64, vectors=False) == 0

@@ -11,10 +11,11 @@ nothing into the SM. Split-K gemms (built without griddepcontrol) and the vendor
 in stream order; combine kernels are always dependents of their gemm (templates/combine.cu.j2).
 EPIC_DEPENDENT_LAUNCH=0 and EPIC_DEPENDENT_PREFETCH=0 switch the two off.
 
-A gemm whose grid has one row of tiles (at most a tile's rows) also asks L2, at kernel start, for the
-slices of the epilogue's vectors (a bias, an RMSNorm gamma, RoPE's positions) that its tiles read
+With EPIC_EPILOGUE_PREFETCH=1, a gemm whose grid has one row of tiles (at most a tile's rows) also
+asks L2, at kernel start, for the slices of the epilogue's vectors (a bias, an RMSNorm gamma, RoPE's positions) that its tiles read
 (templates/nodes/epic_nodes/l2_prefetch_vectors.hpp): CUTLASS's broadcast nodes load them when a
-tile's epilogue begins, which at decode sizes nothing hides. EPIC_EPILOGUE_PREFETCH=0 switches it off.
+tile's epilogue begins, which at decode sizes nothing hides. Opt-in until it is measured (no GPU was
+lent since it was written): bench/interleaved.py's label `vectors` times it beside the default.
 Both prefetches take CTA i's tiles to be column blocks i, i + CTAs, ...; with a 1x2 cluster CUTLASS's
 scheduler deals the same blocks out in another order (CTA (x, y) of a cluster grid gets block 2x + y),
 which does not matter: L2 is shared, so what counts is that the CTAs together ask for every block.
@@ -60,7 +61,7 @@ def gemm_flags(after_another: bool, rows: int, config, one_gemm: bool = False, v
         return 0
     # the prefetches take the CTA's index for its first tile's column block: true with one row of tiles
     one_row = rows <= config.tile_m
-    flags = PREFETCH_VECTORS if vectors and one_row and envflags.enabled("EPIC_EPILOGUE_PREFETCH", True) else 0
+    flags = PREFETCH_VECTORS if vectors and one_row and envflags.enabled("EPIC_EPILOGUE_PREFETCH", False) else 0
     if not after_another and not first_is_dependent(one_gemm):
         return flags
     if not envflags.enabled("EPIC_DEPENDENT_LAUNCH", True):
