@@ -12,9 +12,9 @@ in stream order; combine kernels are always dependents of their gemm (templates/
 EPIC_DEPENDENT_LAUNCH=0 and EPIC_DEPENDENT_PREFETCH=0 switch the two off.
 
 With EPIC_EPILOGUE_PREFETCH=1, a gemm whose grid has one row of tiles (at most a tile's rows) also
-asks L2, at kernel start, for the slices of the epilogue's vectors (a bias, an RMSNorm gamma, RoPE's positions) that its tiles read
-(templates/nodes/epic_nodes/l2_prefetch_vectors.hpp): CUTLASS's broadcast nodes load them when a
-tile's epilogue begins, which at decode sizes nothing hides. Opt-in until it is measured (no GPU was
+asks L2, at kernel start, for the slices of the epilogue's vectors (a bias, an RMSNorm gamma, RoPE's
+positions) that its tiles read (templates/nodes/epic_nodes/l2_prefetch_vectors.hpp): CUTLASS's
+broadcast nodes load them when a tile's epilogue begins, which at decode sizes nothing hides. Opt-in until it is measured (no GPU was
 lent since it was written): bench/interleaved.py's label `vectors` times it beside the default.
 Both prefetches take CTA i's tiles to be column blocks i, i + CTAs, ...; with a 1x2 cluster CUTLASS's
 scheduler deals the same blocks out in another order (CTA (x, y) of a cluster grid gets block 2x + y),
