@@ -470,9 +470,10 @@ def leaf(ctx, v) -> type[Pattern] | None:
 
 def vector_tensors(ctx) -> list[str]:
     """The vectors kernel ctx.k's broadcast nodes read (row, column and per-head vectors of 8 bits or
-    more) that no kernel of the program writes, in the kernel's order: what a launch of one row of
-    tiles asks L2 for at kernel start (epic/plan/launch.py; codegen lists the same in
-    KernelSpec.vectors). A vector an earlier kernel wrote is in L2 already."""
+    more) that no kernel of the program writes, in the order of the kernel's values: what a launch of
+    one row of tiles asks L2 for at kernel start (epic/plan/launch.py; codegen lists the same vectors,
+    in the order it makes their nodes, in KernelSpec.vectors). A vector an earlier kernel wrote is in
+    L2 already."""
     names = []
     for v in ctx.k.values:
         if (leaf(ctx, v) in (RowBroadcast, ColBroadcast, PeriodicRowBroadcast) and v.dtype.bits >= 8
