@@ -13,7 +13,6 @@ over rounds of its time / cuBLAS's time in the same round, printed with the quar
 A configuration named `tuned` runs `epic tune` at the work's shape first and times its winners;
 `serial` is the default configuration with no kernel launched as a programmatic dependent
 (EPIC_DEPENDENT_LAUNCH=0), `noprefetch` without the dependents' L2 prefetch (EPIC_DEPENDENT_PREFETCH=0),
-`vectors` with decode gemms asking L2 for their epilogue's vectors at kernel start (EPIC_EPILOGUE_PREFETCH=1),
 `dependent` with dependents at any row count (epic.plan.launch.DEPENDENT_ROWS lifted while it binds),
 `first` with a one-gemm program's gemm launched as a dependent of the kernel before the call
 (EPIC_DEPENDENT_FIRST=1), `firstall` every program's first gemm, `infirst` none (the default).
@@ -111,23 +110,22 @@ def bound_with_rule(path: str, inputs: dict, label: str):
     """The program bound to these inputs with the launch rule of a SWITCHES or PATCHES label (none for
     'default')."""
     prog = epic.compile(os.path.join(ROOT, path))
-    rule = (switched(*SWITCHES[label]) if label in SWITCHES else
+    rule = (switched_off(SWITCHES[label]) if label in SWITCHES else
             patched(*PATCHES[label]) if label in PATCHES else contextlib.nullcontext())
     with rule:
         prog(**inputs)    # binds here, with the rule read
     return prog
 
 
-# labels of the default configuration with one of the runtime's launch switches flipped
-SWITCHES = {"serial": ("EPIC_DEPENDENT_LAUNCH", "0"), "noprefetch": ("EPIC_DEPENDENT_PREFETCH", "0"),
-            "vectors": ("EPIC_EPILOGUE_PREFETCH", "1")}
+# labels of the default configuration with one of the runtime's launch switches off
+SWITCHES = {"serial": "EPIC_DEPENDENT_LAUNCH", "noprefetch": "EPIC_DEPENDENT_PREFETCH"}
 
 
 @contextlib.contextmanager
-def switched(name: str, value: str):
-    """name=value while a program binds (runtime/binding.py reads the switches there)."""
+def switched_off(name: str):
+    """name=0 while a program binds (runtime/binding.py reads the switches there)."""
     before = os.environ.get(name)
-    os.environ[name] = value
+    os.environ[name] = "0"
     try:
         yield
     finally:

@@ -75,8 +75,6 @@ def test_decode_gemms_after_the_first_kernel_of_a_call_are_programmatic_dependen
     assert _gemm_flags(epic.compile(MLP)._bind(sizes, NO_DEVICE)) == [("o_proj", 0), ("gate_up", 1), ("down", 1)]
     monkeypatch.setenv("EPIC_DEPENDENT_LAUNCH", "0")
     assert _gemm_flags(epic.compile(MLP)._bind(sizes, NO_DEVICE)) == [("o_proj", 0), ("gate_up", 0), ("down", 0)]
-    monkeypatch.setenv("EPIC_EPILOGUE_PREFETCH", "1")       # 4: the epilogue's vectors (o_proj's gamma)
-    assert _gemm_flags(epic.compile(MLP)._bind(sizes, NO_DEVICE)) == [("o_proj", 4), ("gate_up", 0), ("down", 0)]
 
 
 RESID_NORM = str(Path(__file__).resolve().parents[1] / "samples" / "residual_rmsnorm.epi")
@@ -126,47 +124,3 @@ def test_the_prefetch_is_asked_for_only_with_one_row_of_tiles(monkeypatch):
     assert launch.gemm_flags(False, 64, tile64) == 0                      # a chain's first gemm
     assert launch.gemm_flags(False, 64, tile64, one_gemm=True) == 3
     assert launch.gemm_flags(True, 64, config.KernelConfig("cooperative", (128, 64, 64), splits=2)) == 0
-
-
-def test_the_epilogues_vectors_are_asked_for_with_one_row_of_tiles_whoever_launches_first(monkeypatch):
-    # flag 4 (templates/nodes/epic_nodes/l2_prefetch_vectors.hpp), with EPIC_EPILOGUE_PREFETCH=1 (opt-in
-    # until measured): only a kernel with vectors, only one row of tiles, never split-K
-    from epic.diagnostics import EpicError
-    from epic.plan import config, launch
-    tile64 = config.KernelConfig("pingpong", (64, 64, 64))
-    assert launch.gemm_flags(False, 64, tile64, vectors=True) == 0            # off by default
-    monkeypatch.setenv("EPIC_EPILOGUE_PREFETCH", "1")
-    assert launch.gemm_flags(False, 64, tile64, vectors=True) == 4
-    assert launch.gemm_flags(True, 64, tile64, vectors=True) == 7
-    assert launch.gemm_flags(False, 64, tile64, vectors=False) == 0
-    assert launch.gemm_flags(False, 65, tile64, vectors=True) == 0
-    assert launch.gemm_flags(False, 64, config.KernelConfig("cooperative", (128, 64, 64), splits=2), vectors=True) == 0
-    monkeypatch.setenv("EPIC_EPILOGUE_PREFETCH", "0")
-    assert launch.gemm_flags(True, 64, tile64, vectors=True) == 3
-    monkeypatch.setenv("EPIC_EPILOGUE_PREFETCH", "some")
-    assert pytest.raises(EpicError, launch.gemm_flags, False, 64, tile64, vectors=True).value.codes == ["E706"]
-
-
-def test_plan_and_code_generation_agree_on_the_vectors_asked_for(monkeypatch):
-    # epic plan's list (plan.epilogue.vector_tensors over the IR) against the generated kernel's
-    # (KernelSpec.vectors, made by the broadcast nodes' emitters), for every sample at decode size;
-    # the orders may differ (5,000 random programs of tests/progen.py at 1, 64, 300 and 8192 rows
-    # agreed as sets on 2026-12-05)
-    from types import SimpleNamespace
-    from epic.codegen import emit
-    from epic.plan import epilogue
-    samples = Path(__file__).resolve().parents[1] / "samples"
-    seen = set()
-    for path in sorted(samples.glob("*.epi")):
-        prog = epic.compile(str(path))
-        for k in prog.program.kernels:
-            if k.kind != "gemm":
-                continue
-            planned = epilogue.vector_tensors(SimpleNamespace(tensors=prog.program.tensors, k=k))
-            configs = emit.kernel_configs(prog.program, 64)
-            for spec, _ in emit.units(prog.program, configs):
-                if spec.name == k.name:
-                    generated = list(dict.fromkeys(v.tensor for v in spec.vectors))
-                    assert sorted(generated) == sorted(planned), (path.name, k.name)
-                    seen.update(generated)
-    assert {"gamma", "bias", "pos", "freq"} <= seen

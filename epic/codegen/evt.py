@@ -26,7 +26,7 @@ from ..plan.config import KernelConfig
 from ..shapes import Kind
 from . import functor as fn
 from .cxx import identifier
-from .nodes import LEAVES, ROOTS, STORES, Node, Pointer, Scalar, VectorPrefetch, leaf, no_implementation, store_nodes
+from .nodes import LEAVES, ROOTS, STORES, Node, Pointer, Scalar, leaf, no_implementation, store_nodes
 from .nodes.fold import add_fold
 
 
@@ -53,8 +53,6 @@ class KernelSpec:
     # (launch pointer index, C++ byte count from the sizes): zeroed per-stream scratch that the library
     # puts in that pointer slot (the caller passes null); a launch leaves it zeroed
     scratch: list[tuple[int, str]] = field(default_factory=list)
-    # the epilogue's vectors, which a launch of one row of tiles asks L2 for at kernel start (launch flag 4)
-    vectors: list[VectorPrefetch] = field(default_factory=list)
     # the operands' CUTLASS layouts and orders in words (epic/ir/operands.py)
     layout_a: str = operands.ROW_MAJOR
     layout_b: str = operands.COLUMN_MAJOR
@@ -79,15 +77,8 @@ class KernelSpec:
     def scheduler_headers(self) -> list[str]:
         """Node headers printed outside the kernel's namespace (a scheduler specializes CUTLASS's selector;
         the mainloop wrapper of a kernel that can be launched as a programmatic dependent)."""
-        if self.config.split_k:
-            return []
-        return ["epic_nodes/grouped_tile_scheduler.hpp", "epic_nodes/l2_prefetch_mainloop.hpp"] + (
-            ["epic_nodes/l2_prefetch_vectors.hpp"] if self.prefetched_vectors else [])
-
-    @property
-    def prefetched_vectors(self) -> list[VectorPrefetch]:
-        """The vectors the mainloop wrapper asks L2 for (none in a split-K kernel, which has no wrapper)."""
-        return [] if self.config.split_k else self.vectors
+        return [] if self.config.split_k else ["epic_nodes/grouped_tile_scheduler.hpp",
+                                               "epic_nodes/l2_prefetch_mainloop.hpp"]
 
 
 class Builder:
@@ -107,7 +98,6 @@ class Builder:
         self.element_d, self.align_d = "void", 8
         self.aux_elements: list[str] = []     # element types of the aux stores (size a void D's smem)
         self.scratch: list[tuple[int, str]] = []
-        self.vectors: list[VectorPrefetch] = []
 
     def scratch_pointer(self, role: str, bytes_expr: str, note: str) -> str:
         """A launch pointer the caller passes as null and the library fills with zeroed per-stream
@@ -129,15 +119,6 @@ class Builder:
         """A new launch pointer: its C++ expression."""
         self.pointers.append(Pointer(role, tensor, dtype, note))
         return f"p[{len(self.pointers) - 1}]"
-
-    def prefetch_vector(self, t, kind: int, elements: str | None = None) -> None:
-        """The vector tensor t, read by the node whose pointer was added last, is asked for at kernel
-        start where one row of tiles runs (VectorPrefetch; elements: C++ over epic_launch's sizes and
-        scalars, default N for a row vector and M for a column vector). Not sub-byte types, and not
-        a vector an earlier kernel of the program wrote (in L2 already): plan.epilogue.vector_tensors."""
-        if t.dtype.bits >= 8 and not t.producer:
-            length = elements or ("sizes[1]" if kind == 0 else "sizes[0]")
-            self.vectors.append(VectorPrefetch(len(self.pointers) - 1, length, t.dtype.bits // 8, kind, t.name))
 
     def scalar(self, name: str, dim=None) -> str:
         self.scalars.append(Scalar(name, dim))
@@ -255,7 +236,7 @@ class Builder:
             element_a=a.dtype.cutlass, element_b=b.dtype.cutlass, align_a=128 // a.dtype.bits,
             align_b=128 // b.dtype.bits, element_d=self.element_d, align_d=self.align_d, aux_element=aux,
             functors=self.functors, nodes=self.nodes, pointers=self.pointers, scalars=self.scalars,
-            descriptors=self.descriptors, headers=self.headers, scratch=self.scratch, vectors=self.vectors,
+            descriptors=self.descriptors, headers=self.headers, scratch=self.scratch,
             layout_a=operands.cutlass_layout("A", a, k.a_t), layout_b=operands.cutlass_layout("B", b, k.b_t),
             order_a=order_a, order_b=order_b)
 

@@ -468,21 +468,6 @@ def leaf(ctx, v) -> type[Pattern] | None:
     return LEAF_PATTERNS.best(ctx, v, v.op)
 
 
-def vector_tensors(ctx) -> list[str]:
-    """The vectors kernel ctx.k's broadcast nodes read (row, column and per-head vectors of 8 bits or
-    more) that no kernel of the program writes, in the order of the kernel's values: what a launch of
-    one row of tiles asks L2 for at kernel start (epic/plan/launch.py; codegen lists the same vectors,
-    in the order it makes their nodes, in KernelSpec.vectors). A vector an earlier kernel wrote is in
-    L2 already."""
-    names = []
-    for v in ctx.k.values:
-        if (leaf(ctx, v) in (RowBroadcast, ColBroadcast, PeriodicRowBroadcast) and v.dtype.bits >= 8
-                and not ctx.tensors[v.attrs["tensor"]].producer):
-            if v.attrs["tensor"] not in names:
-                names.append(v.attrs["tensor"])
-    return names
-
-
 def store_nodes(ctx) -> tuple[tuple[type[Pattern], object] | None, list[tuple[type[Pattern] | None, object]]]:
     """(root, stores) of kernel ctx.k: the root (pattern, store) -- the store whose pattern has the
     largest benefit, the first such store -- or None; then every other store that the root does not

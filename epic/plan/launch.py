@@ -9,17 +9,8 @@ it has finished and its writes are visible) before any global memory access. Mea
 for its first tile's B (templates/nodes/epic_nodes/l2_prefetch_mainloop.hpp), a hint that loads
 nothing into the SM. Split-K gemms (built without griddepcontrol) and the vendor's gemms are launched
 in stream order; combine kernels are always dependents of their gemm (templates/combine.cu.j2).
-EPIC_DEPENDENT_LAUNCH=0 and EPIC_DEPENDENT_PREFETCH=0 switch the two off.
-
-With EPIC_EPILOGUE_PREFETCH=1, a gemm whose grid has one row of tiles (at most a tile's rows) also
-asks L2, at kernel start, for the slices of the epilogue's vectors (a bias, an RMSNorm gamma, RoPE's
-positions) that its tiles read (templates/nodes/epic_nodes/l2_prefetch_vectors.hpp): CUTLASS's
-broadcast nodes load them when a tile's epilogue begins, which at decode sizes nothing hides. Opt-in until it is measured (no GPU was
-lent since it was written): bench/interleaved.py's label `vectors` times it beside the default.
-Both prefetches take CTA i's tiles to be column blocks i, i + CTAs, ...; with a 1x2 cluster CUTLASS's
-scheduler deals the same blocks out in another order (CTA (x, y) of a cluster grid gets block 2x + y),
-which does not matter: L2 is shared, so what counts is that the CTAs together ask for every block.
-The flags reach the kernel as sizes[6] (templates/gemm.cu.j2)."""
+EPIC_DEPENDENT_LAUNCH=0 and EPIC_DEPENDENT_PREFETCH=0 switch the two off. The flags reach the kernel
+as sizes[6] (templates/gemm.cu.j2)."""
 from __future__ import annotations
 
 from .. import envflags
@@ -37,7 +28,7 @@ DEPENDENT_ROWS = 64
 # (bench/results/2026-12-04-h200-interleaved-first-dependent.log). Opt-in until the GPU test that
 # writes the operand just before the call (tests/test_gpu.py, test_a_decode_call_waits_...) has run.
 FIRST_DEPENDENT = None
-PROGRAMMATIC, PREFETCH_B, PREFETCH_VECTORS = 1, 2, 4
+PROGRAMMATIC, PREFETCH_B = 1, 2
 
 
 def first_is_dependent(one_gemm: bool) -> bool:
@@ -53,33 +44,26 @@ def has_one_gemm(program) -> bool:
     return sum(k.kind == "gemm" for k in program.kernels) == 1
 
 
-def gemm_flags(after_another: bool, rows: int, config, one_gemm: bool = False, vectors: bool = False) -> int:
+def gemm_flags(after_another: bool, rows: int, config, one_gemm: bool = False) -> int:
     """The launch flags of an epic gemm of `rows` rows with this KernelConfig; after_another: a kernel
     of the same call is launched before it (else the gemm opens the call); one_gemm: the program's only
-    gemm; vectors: its epilogue reads vectors it can ask L2 for (plan.epilogue.vector_tensors)."""
+    gemm."""
     if rows > DEPENDENT_ROWS or config.split_k or config.vendor:
         return 0
-    # the prefetches take the CTA's index for its first tile's column block: true with one row of tiles
-    one_row = rows <= config.tile_m
-    flags = PREFETCH_VECTORS if vectors and one_row and envflags.enabled("EPIC_EPILOGUE_PREFETCH", False) else 0
     if not after_another and not first_is_dependent(one_gemm):
-        return flags
+        return 0
     if not envflags.enabled("EPIC_DEPENDENT_LAUNCH", True):
-        return flags
-    prefetch = one_row and envflags.enabled("EPIC_DEPENDENT_PREFETCH", True)
-    return flags | PROGRAMMATIC | (PREFETCH_B if prefetch else 0)
+        return 0
+    # the prefetch takes the CTA's index for its first tile's column block: true with one row of tiles
+    prefetch = rows <= config.tile_m and envflags.enabled("EPIC_DEPENDENT_PREFETCH", True)
+    return PROGRAMMATIC | (PREFETCH_B if prefetch else 0)
 
 
-def describe(flags: int, previous: str | None, b: str, vectors: list[str] = ()) -> str | None:
-    """What `epic plan` says about a gemm's launch (None: launched in stream order, nothing asked of
-    L2); previous: the call's kernel before it, None for the call's first; vectors: the epilogue's
-    vectors that PREFETCH_VECTORS asks L2 for."""
-    parts = []
-    if flags & PROGRAMMATIC:
-        parts.append(f"launched as {previous}'s programmatic dependent" if previous else
-                     "launched as a programmatic dependent of the caller's last kernel on the stream")
-        if flags & PREFETCH_B:
-            parts.append(f"asks L2 for its first tile's {b} while it waits")
-    if flags & PREFETCH_VECTORS and vectors:
-        parts.append(f"asks L2 for its epilogue's vectors ({', '.join(vectors)}) at kernel start")
-    return "; ".join(parts) or None
+def describe(flags: int, previous: str | None, b: str) -> str | None:
+    """What `epic plan` says about a gemm's launch (None: launched in stream order); previous: the
+    call's kernel before it, None for the call's first."""
+    if not flags & PROGRAMMATIC:
+        return None
+    return ((f"launched as {previous}'s programmatic dependent" if previous else
+             "launched as a programmatic dependent of the caller's last kernel on the stream")
+            + (f"; asks L2 for its first tile's {b} while it waits" if flags & PREFETCH_B else ""))

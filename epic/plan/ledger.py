@@ -15,14 +15,13 @@ Model, so that every row can be checked by hand from the shapes:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 from .. import dtypes, sizes as sizes_mod
 from ..ir import primitives as P
 from ..ir.core import Program, Value
 from ..passes.defer_row_scale import SUFFIX
 from ..shapes import Kind
-from . import epilogue, launch
+from . import launch
 from .planner import Plan, folds
 
 
@@ -166,9 +165,8 @@ def render(plan: Plan, source: Program) -> str:
         out.append(f"  {i}. {k.name}: {desc}{cfg}")
         if k.kind == "gemm" and step.config is not None:
             rows = sizes_mod.evaluate(k.rows, plan.sizes)
-            vectors = epilogue.vector_tensors(SimpleNamespace(tensors=plan.program.tensors, k=k))
-            how = launch.describe(launch.gemm_flags(previous is not None, rows, step.config, one_gemm, bool(vectors)),
-                                  previous, k.b, vectors)
+            how = launch.describe(launch.gemm_flags(previous is not None, rows, step.config, one_gemm),
+                                  previous, k.b)
             if how:
                 out.append(f"       {how}")
         if k.name not in folded:

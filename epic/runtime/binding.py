@@ -38,7 +38,7 @@ def bind(plan: planner.Plan, libraries: list, device) -> Executable:
         elif isinstance(spec, evt.KernelSpec):
             cfg = plan.configs[k.name]
             dims = [m, n, sizes_mod.evaluate(k.k, sizes), cfg.swizzle, cfg.raster_code, cfg.splits,
-                    launch.gemm_flags(bool(launches), m, cfg, one_gemm, bool(spec.prefetched_vectors))]
+                    launch.gemm_flags(bool(launches), m, cfg, one_gemm)]
         else:
             cfg = plan.configs[k.source]
             dims = [m, n, cfg.tile_m, cfg.tile_n]

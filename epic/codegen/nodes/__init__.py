@@ -11,7 +11,7 @@ from __future__ import annotations
 from ...diagnostics import Span, error
 from ...plan import epilogue
 from ...plan.epilogue import LEAVES, ROOTS, STORES
-from .base import Node, NodeImpl, Pointer, Scalar, VectorPrefetch
+from .base import Node, NodeImpl, Pointer, Scalar
 from .leaves import AccFetch, AuxLoad, ColBroadcast, HalfWidthLoad, RowBroadcast, ScalarBroadcast
 from .custom import BlockReduceScale, BlockScaleD, BlockScaleHalfWidth, BlockScaleInt4, Coordinate, PackedInt4Store, PeriodicRowBroadcast, RowLsePartial
 from .packed import DoubleWidthAux, DoubleWidthD, DoubleWidthLoad, HalfWidthAux, HalfWidthD

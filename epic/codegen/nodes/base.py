@@ -34,17 +34,6 @@ class Pointer:
 
 
 @dataclass
-class VectorPrefetch:
-    """An epilogue vector that a decode-size launch asks L2 for at kernel start
-    (templates/nodes/epic_nodes/l2_prefetch_vectors.hpp)."""
-    pointer: int         # its index in the launch's pointer array
-    elements: str        # C++ over epic_launch's sizes / scalars: its length
-    bytes: int           # per element
-    kind: int            # 0 row vector (length N), 1 column vector (length M), 2 per-head vector (the period)
-    tensor: str
-
-
-@dataclass
 class Scalar:
     """One float of the launch's scalar array: a runtime scalar input, or a dimension's size."""
     name: str

@@ -46,7 +46,6 @@ class PeriodicRowBroadcast(pat.PeriodicRowBroadcast, NodeImpl):
         t = b.tensors[v.attrs["tensor"]]
         p = b.pointer("row", t.name, t.dtype)
         period = b.scalar(str(v.attrs["period"]), v.attrs["period"])
-        b.prefetch_vector(t, 2, f"(long long)scalars[{len(b.scalars) - 1}]")
         return b.add(cls, f"epic_nodes::Sm90PeriodicRowBroadcast<{t.dtype.cutlass}>",
                      f"{{static_cast<{t.dtype.cutlass} const*>({p}), int({period})}}", [],
                      f"per-head vector {t.name} (every {v.attrs['period']} columns)")

@@ -69,14 +69,12 @@ class _VectorBroadcast(NodeImpl):
     """A vector read once per tile and broadcast: along the rows (Sm90RowBroadcast, one value per
     column) or along the columns (Sm90ColBroadcast, one value per row)."""
     role_name, cutlass, stride, what = "", "", "", ""
-    prefetch_kind = 0   # VectorPrefetch.kind
 
     @classmethod
     def emit(cls, b, v) -> int:
         t = b.tensors[v.attrs["tensor"]]
         el = t.dtype.cutlass
         p = b.pointer(cls.role_name, t.name, t.dtype)
-        b.prefetch_vector(t, cls.prefetch_kind)
         return b.add(cls, f"{cls.cutlass}<0, TileShape, {el}, float, Stride<{cls.stride}, int64_t>>",
                      f"{{static_cast<{el} const*>({p}), {el}(0), {{}}}}", [], f"{cls.what} {t.name}")
 
@@ -87,4 +85,3 @@ class RowBroadcast(pat.RowBroadcast, _VectorBroadcast):
 
 class ColBroadcast(pat.ColBroadcast, _VectorBroadcast):
     role_name, cutlass, stride, what = "col", "Sm90ColBroadcast", "_1, _0", "column vector"
-    prefetch_kind = 1
