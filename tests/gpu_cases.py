@@ -164,6 +164,14 @@ def to_device(program, inputs: dict) -> dict:
 FOLD = {"combine": "fold"}
 
 
+# test_a_1x2_clusters_swizzle_covers_every_tile: residual + RMSNorm with its gemm on a 1x2 cluster
+CLUSTER_1X2_CASE = ("samples/residual_rmsnorm.epi", (1000, 1352, 200))
+
+
+def cluster_1x2_config(program) -> dict:
+    return {k.name: {"cluster": (1, 2)} for k in program.kernels if k.kind == "gemm"}
+
+
 def fold_config(program) -> dict:
     return {k.name: dict(FOLD) for k in program.kernels if k.kind == "gemm"}
 

@@ -12,7 +12,8 @@ import epic
 from epic.codegen import emit
 from epic.runtime import build
 
-from .gpu_cases import PROGRAMS, SIZES, SPLIT_CASES, fold_config, folds, own_size_cases, path, split_k_config
+from .gpu_cases import (CLUSTER_1X2_CASE, PROGRAMS, SIZES, SPLIT_CASES, cluster_1x2_config, fold_config, folds,
+                        own_size_cases, path, split_k_config)
 
 # the benchmark's identity epilogue, at its square shape (bench/prebuild.py builds the rest)
 EXTRA = {"bench/programs/plain.epi": lambda m, n, k: dict(M=m, K=4096, N=4096)}
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(name, table[name](*size), None) for name in PROGRAMS for size in SIZES] + \
         [(name, table[name](m, 0, 0), None) for name in EXTRA for m in ROWS] + \
         [(name, table[name](*size), "split") for name, size in SPLIT_CASES] + \
+        [(CLUSTER_1X2_CASE[0], table[CLUSTER_1X2_CASE[0]](*CLUSTER_1X2_CASE[1]), "cluster")] + \
         [(name, table[name](*size), "fold") for name in PROGRAMS for size in SIZES] + \
         [(name, sizes, None) for name, sizes in own_size_cases()]        # tests with sizes of their own
     programs = {}
@@ -58,12 +60,13 @@ def main(argv: list[str] | None = None) -> int:
         prog = programs[name]
         if variant == "fold" and not folds(prog.program):
             continue
-        overrides = {"split": split_k_config, "fold": fold_config}[variant](prog.program) if variant else None
+        overrides = ({"split": split_k_config, "fold": fold_config, "cluster": cluster_1x2_config}[variant](prog.program)
+                     if variant else None)
         configs = emit.kernel_configs(prog.program, sizes["M"], overrides, sizes)
         units += [u for _, u in emit.units(prog.program, configs)]
     if training:
-        from . import test_gpu_autograd, test_gpu_grad
-        units += test_gpu_grad.units() + test_gpu_autograd.units()
+        from . import test_gpu_autograd, test_gpu_grad, test_gpu_vendor_gemm
+        units += test_gpu_grad.units() + test_gpu_autograd.units() + test_gpu_vendor_gemm.units()
     unique = {u.name + str(hash(u.source)): u for u in units if in_shard(u, args.shard)}
     from epic.runtime import fastcall
     fastcall.start(warn=False)          # the compiled call path's launcher, beside nvcc

@@ -25,9 +25,9 @@ import epic
 from epic import dtypes, reference
 from epic.diagnostics import EpicError
 
-from .gpu_cases import (DEPENDENT_FIRST_CASES, DETERMINISM_CASES, HF_BLOCK_CASE, MEMCHECK_CASES, PROGRAMS,
-                        QUANT_SIZES, SIZES, SPLIT_CASES, TORCH_COMPILE_CASE, XENT_D, XENT_SIZES, fold_config, folds,
-                        make_inputs, path, split_k_config, to_device)
+from .gpu_cases import (CLUSTER_1X2_CASE, DEPENDENT_FIRST_CASES, DETERMINISM_CASES, HF_BLOCK_CASE, MEMCHECK_CASES,
+                        PROGRAMS, QUANT_SIZES, SIZES, SPLIT_CASES, TORCH_COMPILE_CASE, XENT_D, XENT_SIZES,
+                        cluster_1x2_config, fold_config, folds, make_inputs, path, split_k_config, to_device)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (see docs/GPU.md)")]
@@ -177,9 +177,9 @@ def test_every_swizzle_and_raster_order_covers_every_tile(name, swizzle, raster,
 def test_a_1x2_clusters_swizzle_covers_every_tile(swizzle, raster):
     """The same with the cluster along N (1x2): the walk and the grouping then step two columns of
     tiles at a time (1000 x 1352: 8 x 11 tiles, 12 columns in clusters of 2)."""
-    name, size = "samples/residual_rmsnorm.epi", (1000, 1352, 200)
-    prog = epic.compile(path(name), config={k.name: {"swizzle": swizzle, "raster": raster, "cluster": (1, 2)}
-                                            for k in compiled(name).program.kernels if k.kind == "gemm"})
+    name, size = CLUSTER_1X2_CASE          # its kernel is in tests.prebuild's list (swizzle, raster: launch sizes)
+    prog = epic.compile(path(name), config={g: {"swizzle": swizzle, "raster": raster, **c}
+                                            for g, c in cluster_1x2_config(compiled(name).program).items()})
     assert all(c.cluster == (1, 2) for c in prog.plan(PROGRAMS[name](*size)).configs.values())
     _check_against_reference(prog, name, size)
 
