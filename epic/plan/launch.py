@@ -25,8 +25,9 @@ DEPENDENT_ROWS = 64
 # bench/interleaved.py's labels `first`, `firstall` and `infirst` set it. Back to back at M = 64,
 # one-gemm programs read 1.168 of cuBLAS as dependents against 1.247 in order; chains were slower as
 # dependents (the MLP block x 4 1.103 against 0.989)
-# (bench/results/2026-12-04-h200-interleaved-first-dependent.log). Opt-in until the GPU test that
-# writes the operand just before the call (tests/test_gpu.py, test_a_decode_call_waits_...) has run.
+# (bench/results/2026-12-04-h200-interleaved-first-dependent.log). The GPU test that writes the
+# operand just before the call (tests/test_gpu.py, test_a_decode_call_waits_...) passed on 2026-12-05;
+# opt-in until the rest of the GPU suite has run with the rule on.
 FIRST_DEPENDENT = None
 PROGRAMMATIC, PREFETCH_B = 1, 2
 
