@@ -109,10 +109,11 @@ def make_bundle(args, warm_cache: str) -> str:
     """`epic build --bundle` of the workload's program at its shape, from the warm cache (no nvcc runs)."""
     sys.path[:0] = [HERE, ROOT]
     import bench as b
+    import epic
     path, make = b.WORK[args.work]
     _, _, inputs = make(args.rows)
-    shape = ",".join(f"{k}={v}" for k, v in b._sizes(__import__("epic").compile(os.path.join(ROOT, path)),
-                                                       inputs).items())
+    sizes = b._sizes(epic.compile(os.path.join(ROOT, path)), inputs)
+    shape = ",".join(f"{k}={v}" for k, v in sizes.items())
     out = tempfile.mkdtemp(prefix="epic-first-bundle-", dir=args.tmp)
     env = {**os.environ, "EPIC_CACHE_DIR": warm_cache}
     subprocess.run([sys.executable, "-m", "cli.main", "build", os.path.join(ROOT, path), "--shape", shape,
