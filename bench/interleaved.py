@@ -15,7 +15,7 @@ A configuration named `tuned` runs `epic tune` at the work's shape first and tim
 (EPIC_DEPENDENT_LAUNCH=0), `noprefetch` without the dependents' L2 prefetch (EPIC_DEPENDENT_PREFETCH=0),
 `dependent` with dependents at any row count (epic.plan.launch.DEPENDENT_ROWS lifted while it binds),
 `first` with a one-gemm program's gemm launched as a dependent of the kernel before the call
-(EPIC_DEPENDENT_FIRST=1), `firstall` every program's first gemm, `infirst` none (the default).
+(the default), `firstall` every program's first gemm, `infirst` none (EPIC_DEPENDENT_FIRST=0).
 
 --repeat N makes each run N calls back to back (cuBLAS's too), as a model's consecutive layers would:
 a call's first gemm then follows the previous call's last kernel. `--work a+b` runs work a's program

@@ -80,15 +80,16 @@ def test_decode_gemms_after_the_first_kernel_of_a_call_are_programmatic_dependen
 RESID_NORM = str(Path(__file__).resolve().parents[1] / "samples" / "residual_rmsnorm.epi")
 
 
-def test_with_dependent_first_a_one_gemm_programs_gemm_follows_the_callers_last_kernel(builds, monkeypatch):
+def test_a_one_gemm_programs_gemm_follows_the_callers_last_kernel(builds, monkeypatch):
     # back-to-back one-gemm programs at M = 64 measured 1.168 of cuBLAS against 1.247 in stream order,
-    # chains level or better in order (epic/plan/launch.py); opt-in until its GPU test has run
+    # chains level or better in order (epic/plan/launch.py)
     from epic.diagnostics import EpicError
 
     def flags(program, **sizes):
         return _gemm_flags(epic.compile(program)._bind(sizes, NO_DEVICE))
-    assert flags(RESID_NORM, M=64, D=256) == [("o_proj", 0)]                      # off by default
-    monkeypatch.setenv("EPIC_DEPENDENT_FIRST", "1")
+    monkeypatch.setenv("EPIC_DEPENDENT_FIRST", "0")
+    assert flags(RESID_NORM, M=64, D=256) == [("o_proj", 0)]                      # switched off
+    monkeypatch.delenv("EPIC_DEPENDENT_FIRST")                                    # on by default
     bound = epic.compile(RESID_NORM)._bind(dict(M=64, D=256), NO_DEVICE)
     assert _gemm_flags(bound) == [("o_proj", 3)] and len(bound.launches) == 2     # and its combine kernel
     assert flags(RESID_NORM, M=65, D=256) == [("o_proj", 0)]
@@ -119,7 +120,8 @@ def test_the_prefetch_is_asked_for_only_with_one_row_of_tiles(monkeypatch):
     monkeypatch.setattr(launch, "DEPENDENT_ROWS", 256)          # were the limit raised
     tile64 = config.KernelConfig("pingpong", (64, 64, 64))
     assert [launch.gemm_flags(True, m, tile64) for m in (64, 65)] == [3, 1]
-    assert launch.gemm_flags(False, 64, tile64, one_gemm=True) == 0       # a call's first: opt-in
+    monkeypatch.setattr(launch, "FIRST_DEPENDENT", "none")
+    assert launch.gemm_flags(False, 64, tile64, one_gemm=True) == 0       # a call's first, with the rule off
     monkeypatch.setattr(launch, "FIRST_DEPENDENT", "one-gemm")
     assert launch.gemm_flags(False, 64, tile64) == 0                      # a chain's first gemm
     assert launch.gemm_flags(False, 64, tile64, one_gemm=True) == 3

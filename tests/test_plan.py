@@ -76,11 +76,12 @@ def test_the_ledger_says_which_gemms_are_launched_as_dependents(monkeypatch):
     assert "launched as gate_up's programmatic dependent; asks L2 for its first tile's wd" in decode
     assert decode.count("programmatic dependent") == 2            # o_proj opens the chain's call
     r = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi"))
-    assert "programmatic" not in ledger.render(planner.make_plan(r.program, dict(M=64, D=D)), r.source_program)
-    monkeypatch.setenv("EPIC_DEPENDENT_FIRST", "1")
     one = ledger.render(planner.make_plan(r.program, dict(M=64, D=D)), r.source_program)
     assert ("launched as a programmatic dependent of the caller's last kernel on the stream; asks L2 for its "
             "first tile's wo while it waits") in one
+    monkeypatch.setenv("EPIC_DEPENDENT_FIRST", "0")
+    assert "programmatic" not in ledger.render(planner.make_plan(r.program, dict(M=64, D=D)), r.source_program)
+    monkeypatch.delenv("EPIC_DEPENDENT_FIRST")
     wider = ledger.render(planner.make_plan(a.program, dict(M=65, D=D, F=F)), a.source_program)
     assert "programmatic dependent" not in wider
     monkeypatch.setenv("EPIC_DEPENDENT_PREFETCH", "0")
@@ -340,8 +341,10 @@ def test_render_line_by_line():
     a = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  in bias: bf16[N]\n  out y: bf16 = acc + bias\n}\n")
     plan = planner.make_plan(a.program, dict(M=4, K=8, N=16))
     lines = ledger.render(plan, a.source_program).splitlines()
-    assert lines[:5] == ["plan for t.epi at M=4, K=8, N=16", "", "kernels (in launch order):",
-                         "  1. g: gemm x @ w  [pingpong 64x64x64 cluster 1x1]", "       writes y"]
+    assert lines[:6] == ["plan for t.epi at M=4, K=8, N=16", "", "kernels (in launch order):",
+                         "  1. g: gemm x @ w  [pingpong 64x64x64 cluster 1x1]",
+                         "       launched as a programmatic dependent of the caller's last kernel on the stream; "
+                         "asks L2 for its first tile's w while it waits", "       writes y"]
     buf = lines.index("buffers:")
     assert lines[buf + 1].split() == ["x", "input", "bfloat16[4,", "8]", "64", "B", "written", "by", "caller;",
                                       "read", "by", "g"]

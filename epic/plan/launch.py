@@ -1,9 +1,9 @@
 """How a call launches its kernels, one after another on the caller's stream.
 
 A gemm of at most DEPENDENT_ROWS rows is launched as a programmatic dependent (CUDA's programmatic
-stream serialization) of the kernel before it on the stream: the call's previous kernel, or, with
-EPIC_DEPENDENT_FIRST=1 and for the gemm of a program with one gemm, the caller's last kernel (in a
-decode step often another program's; first_is_dependent()). It becomes resident and runs its prologue while
+stream serialization) of the kernel before it on the stream: the call's previous kernel, or, for the
+gemm of a program with one gemm, the caller's last kernel (in a decode step often another program's;
+first_is_dependent(); EPIC_DEPENDENT_FIRST=0 launches it in stream order). It becomes resident and runs its prologue while
 that kernel finishes, and waits in its producer warps (griddepcontrol.wait: until the kernel before
 it has finished and its writes are visible) before any global memory access. Meanwhile it asks L2
 for its first tile's B (templates/nodes/epic_nodes/l2_prefetch_mainloop.hpp), a hint that loads
@@ -21,13 +21,13 @@ from .. import envflags
 # (bench/results/2026-12-04-h200-interleaved-dependent-launch.log).
 DEPENDENT_ROWS = 64
 # Which programs' first gemm is a dependent of the caller's last kernel: "one-gemm" (programs with one
-# gemm), "all", "none"; None: EPIC_DEPENDENT_FIRST decides (1: "one-gemm", unset: "none").
+# gemm), "all", "none"; None: EPIC_DEPENDENT_FIRST decides (unset or 1: "one-gemm", 0: "none").
 # bench/interleaved.py's labels `first`, `firstall` and `infirst` set it. Back to back at M = 64,
 # one-gemm programs read 1.168 of cuBLAS as dependents against 1.247 in order; chains were slower as
 # dependents (the MLP block x 4 1.103 against 0.989)
 # (bench/results/2026-12-04-h200-interleaved-first-dependent.log). The GPU test that writes the
-# operand just before the call (tests/test_gpu.py, test_a_decode_call_waits_...) passed on 2026-12-05;
-# opt-in until the rest of the GPU suite has run with the rule on.
+# operand just before the call (tests/test_gpu.py, test_a_decode_call_waits_...) passed on 2026-12-05,
+# and so did the whole GPU suite with the rule on (bench/results/2026-12-05-h200-gpu-suite-first.log).
 FIRST_DEPENDENT = None
 PROGRAMMATIC, PREFETCH_B = 1, 2
 
@@ -36,7 +36,7 @@ def first_is_dependent(one_gemm: bool) -> bool:
     """Whether a program's first gemm is a dependent of the caller's last kernel (FIRST_DEPENDENT)."""
     rule = FIRST_DEPENDENT
     if rule is None:
-        rule = "one-gemm" if envflags.enabled("EPIC_DEPENDENT_FIRST", False) else "none"
+        rule = "one-gemm" if envflags.enabled("EPIC_DEPENDENT_FIRST", True) else "none"
     return rule == "all" or (rule == "one-gemm" and one_gemm)
 
 
