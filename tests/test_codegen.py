@@ -418,35 +418,3 @@ def _has_gpu() -> bool:
         return torch.cuda.is_available()
     except Exception:
         return False
-
-
-def test_l2_fetch_renames_cutlass_s_promotion_constant_after_cuda_h_only_when_asked():
-    """CUTLASS writes L2 promotion 128 B into every TMA descriptor; l2_fetch=256 redefines that
-    constant's name, which works only between cuda.h (which defines it) and CUTLASS's headers."""
-    prog = pipeline.analyze(str(ROOT / "samples" / "bias_gelu.epi")).program
-    base = emit.units(prog, emit.kernel_configs(prog, 8192))[0][1]
-    wide = emit.units(prog, emit.kernel_configs(prog, 8192, {"up": {"l2_fetch": 256}}))[0][1]
-    assert "L2_PROMOTION" not in base.source and wide.name == base.name + "_l2f256"
-    src = wide.source
-    define = src.index("#define CU_TENSOR_MAP_L2_PROMOTION_L2_128B CU_TENSOR_MAP_L2_PROMOTION_L2_256B\n")
-    assert src.index("#include <cuda.h>") < define < src.index('#include "cutlass/cutlass.h"')
-
-
-@pytest.mark.nvcc
-def test_l2_fetch_reaches_cutes_descriptor_code(tmp_path):
-    """Preprocessed as nvcc compiles it, the line of cute's make_tma_copy_desc that picks the promotion
-    reads 256 B with l2_fetch=256 and 128 B without."""
-    if not build.shutil.which("nvcc"):
-        pytest.skip("nvcc not installed")
-    prog = pipeline.analyze(str(ROOT / "samples" / "bias_gelu.epi")).program
-    lines = {}
-    for fetch in (128, 256):
-        unit = emit.units(prog, emit.kernel_configs(prog, 8192, {"up": {"l2_fetch": fetch}}))[0][1]
-        src = tmp_path / f"k{fetch}.cu"
-        src.write_text(unit.source)
-        out = subprocess.run([build.nvcc_path(), *build.flags_for(unit), "-E", str(src)], capture_output=True,
-                             text=True)
-        assert out.returncode == 0, out.stderr[-2000:]
-        lines[fetch] = [ln.strip() for ln in out.stdout.splitlines() if "tma_l2Promotion =" in ln]
-    assert lines[128] and all(ln.endswith("CU_TENSOR_MAP_L2_PROMOTION_L2_128B;") for ln in lines[128])
-    assert lines[256] and all(ln.endswith("CU_TENSOR_MAP_L2_PROMOTION_L2_256B;") for ln in lines[256])

@@ -364,17 +364,3 @@ def test_render_line_by_line():
     assert lines[-3:] == ["total fused                   480 B  (480 B) in 1 kernels",
                           "total op by op                736 B  (736 B) in 2 kernels",
                           "fused / op by op            0.652"]
-
-
-def test_l2_fetch_is_an_option_that_names_its_own_kernel():
-    text = "gemm g(x: bf16[M, K] @ w: bf16[K, N]){opts} {{\n  out y: bf16 = acc\n}}\n"
-    sizes = dict(M=8192, K=4096, N=14336)
-    default = planner.make_plan(analyze(text.format(opts="")).program, sizes).configs["g"]
-    wide = planner.make_plan(analyze(text.format(opts=" with l2_fetch=256")).program, sizes).configs["g"]
-    assert default.l2_fetch == 128 and "l2" not in default.key() and "l2_fetch" not in str(default)
-    assert wide.l2_fetch == 256 and wide.key() == default.key() + "_l2f256" and str(wide).endswith("l2_fetch=256")
-    call = planner.make_plan(analyze(text.format(opts="")).program, sizes, {"g": {"l2_fetch": 64}}).configs["g"]
-    assert call.key() == default.key() + "_l2f64"
-    with pytest.raises(EpicError) as info:
-        analyze(text.format(opts=" with l2_fetch=512"))
-    assert info.value.codes == ["E215"] and "l2_fetch must be one of 64, 128, 256" in str(info.value)

@@ -68,16 +68,11 @@ def _info(spec, kind: str) -> str:
     return cxx.string(json.dumps(data, separators=(",", ":")))
 
 
-# the driver's name for each l2_fetch; None: CUTLASS's own (128 B)
-_L2_PROMOTIONS = {64: "CU_TENSOR_MAP_L2_PROMOTION_L2_64B", 128: None, 256: "CU_TENSOR_MAP_L2_PROMOTION_L2_256B"}
-
-
 def render_gemm(spec: evt.KernelSpec) -> str:
     return _env().get_template("gemm.cu.j2").render(
         k=spec, version=__version__, prelude=functor.helpers_for("\n".join(spec.functors)),
         info=_info(spec, "gemm"), headers=node_headers(spec.headers),
         scheduler_headers=node_headers(spec.scheduler_headers),
-        l2_promotion=_L2_PROMOTIONS[spec.config.l2_fetch],
         epilogue_tile=(f"Shape<_{spec.config.epi_tile[0]}, _{spec.config.epi_tile[1]}>" if spec.config.epi_tile
                        else "cutlass::epilogue::collective::EpilogueTileAuto"))
 

@@ -10,7 +10,6 @@ _HINTS = {"tile": "tiles are MxNxK with M in 64/128/256, N in 64/128/192/256, K 
           "epi_tile": "the epilogue tile is MxN dividing the CTA tile, e.g. epi_tile=128x64",
           "swizzle": "swizzle is 1, 2, 4 or 8",
           "splits": "splits is 1, 2, 3, 4, 6 or 8 (split-K, cooperative schedule only), e.g. splits=4",
-          "l2_fetch": "l2_fetch is 64, 128 (the default) or 256 bytes per missed L2 line, e.g. l2_fetch=256",
           "accumulate": "accumulate=f16 (f16 or fp8 operands) or accumulate=f32 (the default)",
           "b_major": "b_major=n: the inline B operand [K, N] is row-major (N contiguous: pass a weight W [K, N] "
                      "as it is); b_major=k (the default): K contiguous (pass an nn.Linear weight [N, K] as W.t())"}

@@ -16,9 +16,6 @@ COMBINES = ("kernel", "fold")
 # split-K: the K loop of every output tile divided among this many CTAs, reduced in a fixed order
 # (CUTLASS's stream-K tile scheduler in its split-K mode, deterministic reduction)
 SPLITS = (1, 2, 3, 4, 6, 8)
-# bytes the TMA asks L2 to fetch from DRAM per missed line of an operand tile (CUtensorMapL2promotion:
-# CUTLASS builds its descriptors with 128; DeepGEMM's are 256)
-L2_FETCHES = (64, 128, 256)
 TILE_M = (64, 128, 256)
 TILE_N = (64, 128, 192, 256)
 TILE_K = (64, 128)
@@ -28,9 +25,8 @@ CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2))
 SIZE_OPTIONS = {"tile": ((2, 3), "128x128x64"), "cluster": ((2,), "2x1"), "epi_tile": ((2,), "128x64")}
 # options chosen from a set: name -> the spellings
 CHOICE_OPTIONS = {"backend": BACKENDS, "schedule": SCHEDULES, "aux_load": AUX_LOADS, "raster": RASTERS, "combine": COMBINES,
-                  "swizzle": tuple(str(s) for s in SWIZZLES), "splits": tuple(str(s) for s in SPLITS),
-                  "l2_fetch": tuple(str(s) for s in L2_FETCHES)}
-INT_OPTIONS = ("swizzle", "splits", "l2_fetch")
+                  "swizzle": tuple(str(s) for s in SWIZZLES), "splits": tuple(str(s) for s in SPLITS)}
+INT_OPTIONS = ("swizzle", "splits")
 # options that change what the program computes, not how fast: the file says them, a call cannot
 # (b_major: the memory order of a B operand declared inline: K-major, the default, or N-major)
 SEMANTIC_OPTIONS = {"accumulate": ("f32", "f16"), "b_major": ("k", "n")}

@@ -54,8 +54,6 @@ class KernelConfig:
     combine: str = "kernel"
     # which library runs the gemm (plan/backend.py): "cublas" uses none of the fields above
     backend: str = "cutlass"
-    # bytes the TMA's A/B/C loads ask L2 to fetch per missed line (64, 128 as CUTLASS builds it, 256)
-    l2_fetch: int = 128
 
     @property
     def vendor(self) -> bool:
@@ -82,8 +80,7 @@ class KernelConfig:
                 + (f" swizzle {self.swizzle}" if self.swizzle != 1 else "")
                 + (f" raster {self.raster}" if self.raster != "heuristic" else "")
                 + (f" splits {self.splits}" if self.splits != 1 else "")
-                + (f" combine={self.combine}" if self.combine != "kernel" else "")
-                + (f" l2_fetch={self.l2_fetch}" if self.l2_fetch != 128 else ""))
+                + (f" combine={self.combine}" if self.combine != "kernel" else ""))
 
     def key(self) -> str:
         """Names the built kernel: only what changes the code (not swizzle/raster/the split count)."""
@@ -93,8 +90,7 @@ class KernelConfig:
                 + (f"_{self.aux_load}" if self.aux_load != "tma" else "")
                 + (f"_e{self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else "")
                 + ("_splitk" if self.split_k else "")
-                + ("_fold" if self.combine == "fold" else "")
-                + (f"_l2f{self.l2_fetch}" if self.l2_fetch != 128 else ""))
+                + ("_fold" if self.combine == "fold" else ""))
 
     @property
     def split_k(self) -> bool:
@@ -115,8 +111,6 @@ def problems(cfg: KernelConfig) -> list[str]:
         out.append(f"raster must be one of {', '.join(RASTERS)}")
     if cfg.combine not in vocab.COMBINES:
         out.append(f"combine must be one of {', '.join(vocab.COMBINES)}")
-    if cfg.l2_fetch not in vocab.L2_FETCHES:
-        out.append(f"l2_fetch must be one of {', '.join(map(str, vocab.L2_FETCHES))}")
     return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits, cfg.combine)
 
 
@@ -411,8 +405,7 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
             cfg = KernelConfig(schedule, tile, tuple(source.get("cluster", cfg.cluster)),
                                source.get("aux_load", cfg.aux_load), tuple(epi) if epi else None,
                                int(source.get("swizzle", cfg.swizzle)), source.get("raster", cfg.raster), splits,
-                               source.get("combine", cfg.combine), cfg.backend,
-                               int(source.get("l2_fetch", cfg.l2_fetch)))
+                               source.get("combine", cfg.combine))
     if split_cluster and not cluster_fixed and not any(split_block(cfg, b) for b in blocks):
         cfg = replace(cfg, cluster=(1, 1))     # an override made the tile (or split-K) leave the blocks whole
     if not tile_fixed:

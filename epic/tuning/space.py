@@ -57,8 +57,6 @@ def override(cfg: config_mod.KernelConfig) -> dict:
         out["splits"] = cfg.splits
     if cfg.combine != "kernel":
         out["combine"] = cfg.combine
-    if cfg.l2_fetch != 128:
-        out["l2_fetch"] = cfg.l2_fetch
     return out
 
 
