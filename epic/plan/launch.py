@@ -3,9 +3,9 @@
 A gemm of at most DEPENDENT_ROWS rows is launched as a programmatic dependent (CUDA's programmatic
 stream serialization) of the kernel before it on the stream: the call's previous kernel, or, for the
 gemm of a program with one gemm, the caller's last kernel (in a decode step often another program's;
-first_is_dependent(); EPIC_DEPENDENT_FIRST=0 launches it in stream order). It becomes resident and runs its prologue while
-that kernel finishes, and waits in its producer warps (griddepcontrol.wait: until the kernel before
-it has finished and its writes are visible) before any global memory access. Meanwhile it asks L2
+first_is_dependent(); EPIC_DEPENDENT_FIRST=0 launches it in stream order). It becomes resident and
+runs its prologue while that kernel finishes, and waits in its producer warps (griddepcontrol.wait:
+until the kernel before it has finished and its writes are visible) before any global memory access. Meanwhile it asks L2
 for its first tile's B (templates/nodes/epic_nodes/l2_prefetch_mainloop.hpp), a hint that loads
 nothing into the SM. Split-K gemms (built without griddepcontrol) and the vendor's gemms are launched
 in stream order; combine kernels are always dependents of their gemm (templates/combine.cu.j2).
