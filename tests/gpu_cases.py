@@ -108,7 +108,7 @@ MX_PROGRAMS = {"tests/programs/mx_formats.epi": "K", "samples/mxfp8_block_quant.
 
 
 # one-gemm programs at a decode size, their gemm launched as a dependent of the caller's last kernel
-# (EPIC_DEPENDENT_FIRST=1; tests/test_gpu.py)
+# (the default, EPIC_DEPENDENT_FIRST unset; tests/test_gpu.py)
 DEPENDENT_FIRST_CASES = [(name, PROGRAMS[name](64, 392, 200)) for name in
                          ("samples/residual_rmsnorm.epi", "samples/qk_norm_rope.epi", "samples/bias_gelu.epi")]
 

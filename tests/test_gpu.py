@@ -423,14 +423,14 @@ def test_a_captured_program_replays_like_calls(name):
 
 @pytest.mark.parametrize("name,sizes", DEPENDENT_FIRST_CASES, ids=[n for n, _ in DEPENDENT_FIRST_CASES])
 def test_a_decode_call_waits_for_what_the_caller_ran_before_it(name, sizes, monkeypatch):
-    """With EPIC_DEPENDENT_FIRST=1 a one-gemm program's gemm of at most 64 rows is launched as a
-    programmatic dependent of the caller's last kernel on the stream (epic/plan/launch.py). Its A
+    """By default (EPIC_DEPENDENT_FIRST unset) a one-gemm program's gemm of at most 64 rows is launched
+    as a programmatic dependent of the caller's last kernel on the stream (epic/plan/launch.py). Its A
     operand written just before the call -- by a long reduction kernel, by a copy (not a kernel), by
     another stream's kernel waited for, and by a kernel in the same CUDA graph -- gives the bytes of a
     call made after a synchronize; the operand is poisoned before each write, so a gemm that read it
     early would differ."""
-    monkeypatch.setenv("EPIC_DEPENDENT_FIRST", "1")
-    prog = epic.compile(path(name))                  # a fresh program: it binds with the switch on
+    monkeypatch.delenv("EPIC_DEPENDENT_FIRST", raising=False)
+    prog = epic.compile(path(name))                  # a fresh program: it binds with the default rule
     inputs = to_device(prog.program, make_inputs(prog.analysis.source_program, sizes, seed=seed_of(name, "pdl")))
     a = prog.program.kernels[0].a
     x = inputs[a]

@@ -5,10 +5,11 @@ stream serialization) of the kernel before it on the stream: the call's previous
 gemm of a program with one gemm, the caller's last kernel (in a decode step often another program's;
 first_is_dependent(); EPIC_DEPENDENT_FIRST=0 launches it in stream order). It becomes resident and
 runs its prologue while that kernel finishes, and waits in its producer warps (griddepcontrol.wait:
-until the kernel before it has finished and its writes are visible) before any global memory access. Meanwhile it asks L2
-for its first tile's B (templates/nodes/epic_nodes/l2_prefetch_mainloop.hpp), a hint that loads
-nothing into the SM. Split-K gemms (built without griddepcontrol) and the vendor's gemms are launched
-in stream order; combine kernels are always dependents of their gemm (templates/combine.cu.j2).
+until the kernel before it has finished and its writes are visible) before any global memory access.
+Meanwhile it asks L2 for its first tile's B (templates/nodes/epic_nodes/l2_prefetch_mainloop.hpp), a
+hint that loads nothing into the SM. Split-K gemms (built without griddepcontrol) and the vendor's
+gemms are launched in stream order; combine kernels are always dependents of their gemm
+(templates/combine.cu.j2).
 EPIC_DEPENDENT_LAUNCH=0 and EPIC_DEPENDENT_PREFETCH=0 switch the two off. The flags reach the kernel
 as sizes[6] (templates/gemm.cu.j2)."""
 from __future__ import annotations
