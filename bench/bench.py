@@ -219,6 +219,10 @@ WORK = {
     # K split over 2 or 4 times the CTAs (what a split-K inside a cluster would read per CTA)
     "plain_k2048": ("bench/programs/plain.epi", lambda m: w_plain(m, 2 * D, D // 2)),
     "plain_k1024": ("bench/programs/plain.epi", lambda m: w_plain(m, 4 * D, D // 4)),
+    # gate/up's N = 28672 with K / 4 and 4 K: 16 or 256 k-blocks per tile instead of 64. A gap to a peer
+    # that is a fixed cost per tile shrinks with K; one in the k-loop does not
+    "plain_gate_up_k1024": ("bench/programs/plain.epi", lambda m: w_plain(m, 2 * DFF, D // 4)),
+    "plain_gate_up_k16384": ("bench/programs/plain.epi", lambda m: w_plain(m, 2 * DFF, 4 * D)),
     # residual + RMSNorm's parts one at a time: what each costs a decode epilogue
     "parts_z": ("bench/programs/parts_z.epi", w_resid_parts("z")),
     "parts_gamma": ("bench/programs/parts_gamma.epi", w_resid_parts("gamma")),
@@ -254,6 +258,8 @@ DIMS = {
     "plain_gate_up": lambda m: dict(M=m, K=D, N=2 * DFF),
     "plain_k2048": lambda m: dict(M=m, K=D // 2, N=2 * D),
     "plain_k1024": lambda m: dict(M=m, K=D // 4, N=4 * D),
+    "plain_gate_up_k1024": lambda m: dict(M=m, K=D // 4, N=2 * DFF),
+    "plain_gate_up_k16384": lambda m: dict(M=m, K=4 * D, N=2 * DFF),
 }
 DIMS["bias_only"] = DIMS["bias_gelu"]
 for _w in ("resid_norm_periodic", "parts_gamma_periodic"):
@@ -268,9 +274,9 @@ SCHEDULES = {"coop": "cooperative", "ping": "pingpong", "pp": "pingpong"}
 
 
 def parse_config(key: str) -> dict:
-    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold]' -> {'schedule': 'cooperative', 'tile':
-    (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler swizzle, raster (m or n),
-    split-K count, and combine=fold. Without the schedule, tile and cluster ('fold', 'rn', 'rn_s4'):
+    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold][_named]' -> {'schedule': 'cooperative',
+    'tile': (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler swizzle, raster (m or
+    n), split-K count, combine=fold and wg_order. Without the schedule, tile and cluster ('fold', 'rn', 'named'):
     the default configuration with those changes ('rm', 'rn', 's4': the same built kernel)."""
     parts = key.split("_")
     cfg: dict = {}
@@ -289,6 +295,8 @@ def parse_config(key: str) -> dict:
             cfg["raster"] = extra[1]
         elif extra == "fold":
             cfg["combine"] = "fold"
+        elif extra in ("named", "mbarrier"):
+            cfg["wg_order"] = extra
         else:
             cfg["aux_load"] = extra
     return cfg
