@@ -274,9 +274,9 @@ SCHEDULES = {"coop": "cooperative", "ping": "pingpong", "pp": "pingpong"}
 
 
 def parse_config(key: str) -> dict:
-    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold][_named]' -> {'schedule': 'cooperative',
-    'tile': (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler swizzle, raster (m or
-    n), split-K count, combine=fold and wg_order. Without the schedule, tile and cluster ('fold', 'rn', 'named'):
+    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold]' -> {'schedule': 'cooperative', 'tile':
+    (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler swizzle, raster (m or n),
+    split-K count, and combine=fold. Without the schedule, tile and cluster ('fold', 'rn', 'rn_s4'):
     the default configuration with those changes ('rm', 'rn', 's4': the same built kernel)."""
     parts = key.split("_")
     cfg: dict = {}
@@ -295,8 +295,6 @@ def parse_config(key: str) -> dict:
             cfg["raster"] = extra[1]
         elif extra == "fold":
             cfg["combine"] = "fold"
-        elif extra in ("named", "mbarrier"):
-            cfg["wg_order"] = extra
         else:
             cfg["aux_load"] = extra
     return cfg

@@ -268,27 +268,6 @@ def test_only_a_row_combine_right_after_its_gemm_folds():
     assert planner.folds(mlp, configs(mlp, 64)) == {}        # combine=kernel, the default: nothing folds
 
 
-def test_wg_order_named_specializes_the_pingpong_order_barrier():
-    """wg_order=named prints the named-barrier OrderedSequenceBarrier<2, 2> before the kernel, only there,
-    and names its own kernel; a cooperative kernel has no order between its warp groups to change."""
-    prog = pipeline.analyze(str(ROOT / "bench" / "programs" / "plain.epi")).program
-    sizes = dict(M=8192, K=4096, N=28672)
-    [(_, base)] = emit.units(prog, emit.kernel_configs(prog, 8192, None, sizes))
-    [(_, named)] = emit.units(prog, emit.kernel_configs(prog, 8192, {"plain": {"wg_order": "named"}}, sizes))
-    specialization = "class OrderedSequenceBarrier<2, 2> {"
-    assert base.name == "plain.ping_128x192x64_c2x1" and named.name == base.name + "_named"
-    assert specialization in named.source and specialization not in base.source
-    assert named.source.index(specialization) < named.source.index("using GemmKernel")
-    assert 'asm volatile("bar.sync %0, %1;"' in named.source
-    with pytest.raises(EpicError) as info:
-        emit.kernel_configs(prog, 8192, {"plain": {"wg_order": "named", "schedule": "cooperative",
-                                                    "tile": (128, 256, 64)}}, sizes)
-    assert info.value.codes == ["E216"] and "wg_order=named orders the pingpong schedule's" in str(info.value)
-    with pytest.raises(EpicError) as info:
-        emit.kernel_configs(prog, 8192, {"plain": {"wg_order": "token"}}, sizes)
-    assert "wg_order must be one of mbarrier, named" in str(info.value)
-
-
 def test_combine_fold_with_split_k_is_refused():
     prog = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi")).program
     with pytest.raises(EpicError) as info:

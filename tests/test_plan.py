@@ -364,15 +364,3 @@ def test_render_line_by_line():
     assert lines[-3:] == ["total fused                   480 B  (480 B) in 1 kernels",
                           "total op by op                736 B  (736 B) in 2 kernels",
                           "fused / op by op            0.652"]
-
-
-def test_wg_order_is_a_file_option_that_names_its_own_kernel():
-    text = "gemm g(x: bf16[M, K] @ w: bf16[K, N]){opts} {{\n  out y: bf16 = acc\n}}\n"
-    sizes = dict(M=8192, K=4096, N=14336)
-    default = planner.make_plan(analyze(text.format(opts="")).program, sizes).configs["g"]
-    named = planner.make_plan(analyze(text.format(opts=" with wg_order=named")).program, sizes).configs["g"]
-    assert default.wg_order == "mbarrier" and "wg_order" not in str(default) and "named" not in default.key()
-    assert named.key() == default.key() + "_named" and str(named).endswith("wg_order=named")
-    with pytest.raises(EpicError) as info:
-        analyze(text.format(opts=" with wg_order=spin"))
-    assert info.value.codes == ["E215"] and "mbarrier" in str(info.value) and "named" in str(info.value)

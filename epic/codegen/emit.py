@@ -72,7 +72,7 @@ def render_gemm(spec: evt.KernelSpec) -> str:
     return _env().get_template("gemm.cu.j2").render(
         k=spec, version=__version__, prelude=functor.helpers_for("\n".join(spec.functors)),
         info=_info(spec, "gemm"), headers=node_headers(spec.headers),
-        scheduler_headers=node_headers(spec.scheduler_headers), kernel_headers=node_headers(spec.kernel_headers),
+        scheduler_headers=node_headers(spec.scheduler_headers),
         epilogue_tile=(f"Shape<_{spec.config.epi_tile[0]}, _{spec.config.epi_tile[1]}>" if spec.config.epi_tile
                        else "cutlass::epilogue::collective::EpilogueTileAuto"))
 

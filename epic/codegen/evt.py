@@ -80,12 +80,6 @@ class KernelSpec:
         return [] if self.config.split_k else ["epic_nodes/grouped_tile_scheduler.hpp",
                                                "epic_nodes/l2_prefetch_mainloop.hpp"]
 
-    @property
-    def kernel_headers(self) -> list[str]:
-        """Node headers printed before CUTLASS's kernel headers: an explicit specialization of a class
-        those headers use outside any template argument must come before them (wg_order=named)."""
-        return ["epic_nodes/named_order_barrier.hpp"] if self.config.wg_order == "named" else []
-
 
 class Builder:
     """The kernel under construction; node implementations add to it."""

@@ -54,9 +54,6 @@ class KernelConfig:
     combine: str = "kernel"
     # which library runs the gemm (plan/backend.py): "cublas" uses none of the fields above
     backend: str = "cutlass"
-    # pingpong: how its two consumer warp groups take turns ("mbarrier": CUTLASS's; "named": the SM's
-    # hardware named barriers, templates/nodes/epic_nodes/named_order_barrier.hpp)
-    wg_order: str = "mbarrier"
 
     @property
     def vendor(self) -> bool:
@@ -83,8 +80,7 @@ class KernelConfig:
                 + (f" swizzle {self.swizzle}" if self.swizzle != 1 else "")
                 + (f" raster {self.raster}" if self.raster != "heuristic" else "")
                 + (f" splits {self.splits}" if self.splits != 1 else "")
-                + (f" combine={self.combine}" if self.combine != "kernel" else "")
-                + (f" wg_order={self.wg_order}" if self.wg_order != "mbarrier" else ""))
+                + (f" combine={self.combine}" if self.combine != "kernel" else ""))
 
     def key(self) -> str:
         """Names the built kernel: only what changes the code (not swizzle/raster/the split count)."""
@@ -94,8 +90,7 @@ class KernelConfig:
                 + (f"_{self.aux_load}" if self.aux_load != "tma" else "")
                 + (f"_e{self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else "")
                 + ("_splitk" if self.split_k else "")
-                + ("_fold" if self.combine == "fold" else "")
-                + (f"_{self.wg_order}" if self.wg_order != "mbarrier" else ""))
+                + ("_fold" if self.combine == "fold" else ""))
 
     @property
     def split_k(self) -> bool:
@@ -116,10 +111,7 @@ def problems(cfg: KernelConfig) -> list[str]:
         out.append(f"raster must be one of {', '.join(RASTERS)}")
     if cfg.combine not in vocab.COMBINES:
         out.append(f"combine must be one of {', '.join(vocab.COMBINES)}")
-    if cfg.wg_order not in vocab.WG_ORDERS:
-        out.append(f"wg_order must be one of {', '.join(vocab.WG_ORDERS)}")
-    return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits, cfg.combine,
-                                            cfg.wg_order)
+    return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits, cfg.combine)
 
 
 def _backend(kernel, override: dict | None) -> str | None:
@@ -413,8 +405,7 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
             cfg = KernelConfig(schedule, tile, tuple(source.get("cluster", cfg.cluster)),
                                source.get("aux_load", cfg.aux_load), tuple(epi) if epi else None,
                                int(source.get("swizzle", cfg.swizzle)), source.get("raster", cfg.raster), splits,
-                               source.get("combine", cfg.combine), cfg.backend,
-                               source.get("wg_order", cfg.wg_order))
+                               source.get("combine", cfg.combine))
     if split_cluster and not cluster_fixed and not any(split_block(cfg, b) for b in blocks):
         cfg = replace(cfg, cluster=(1, 1))     # an override made the tile (or split-K) leave the blocks whole
     if not tile_fixed:

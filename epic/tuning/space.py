@@ -57,8 +57,6 @@ def override(cfg: config_mod.KernelConfig) -> dict:
         out["splits"] = cfg.splits
     if cfg.combine != "kernel":
         out["combine"] = cfg.combine
-    if cfg.wg_order != "mbarrier":
-        out["wg_order"] = cfg.wg_order
     return out
 
 
