@@ -5,6 +5,7 @@ epic's kernel than in QuACK's at N = 14336).
   ncu --profile-from-start off --clock-control none --set full -o $OUT/gemms \\
       python bench/ncu_compare.py --work plain_ffn --rows 8192
   ncu --import $OUT/gemms.ncu-rep --page details --csv > $OUT/gemms.csv
+  python bench/ncu_diff.py $OUT/gemms.csv --labels cublas,epic,quack --compare epic,quack --min 0.01
 
 Every candidate runs a few times before the range (builds, JIT, autotuning stay outside); in the
 range each runs once, in the order cuBLAS, epic, QuACK. QuACK is optional (import it via

@@ -22,6 +22,20 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SAMPLES = sorted((ROOT / "samples").glob("*.epi"))
 
 
+def bench_module(name: str):
+    """bench/NAME.py imported as module `bench_NAME` (bench/ is scripts, not a package); bench/ goes on
+    sys.path first, for the scripts that import their neighbours (bench.py, profiling.py)."""
+    import importlib.util
+    import sys
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module          # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
 def analyze(text: str, **kw):
     return pipeline.analyze(text, name="t.epi", **kw)
 

@@ -1,16 +1,8 @@
 """bench/build_trace.py on a small hand-written trace in nvcc's format: cicc's events only, self time
 is an event's time less its children's, a family nested in itself counts once inclusively."""
-import importlib.util
 import json
 
-from .conftest import ROOT
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_build_trace", ROOT / "bench" / "build_trace.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from .conftest import ROOT, bench_module
 
 
 def _event(pid, ts, dur, name, detail):
@@ -36,7 +28,7 @@ def _trace(tmp_path):
 
 
 def test_the_summary_splits_self_and_inclusive_time_of_ciccs_events(tmp_path):
-    bt = _load()
+    bt = bench_module("build_trace")
     path = _trace(tmp_path)
     assert bt.cicc_pid(str(path)) == 7
     evs = [e[1:] for e in bt.events(str(path)) if e[0] == 7]
@@ -53,7 +45,7 @@ def test_the_summary_splits_self_and_inclusive_time_of_ciccs_events(tmp_path):
 
 
 def test_a_trace_split_across_chunks_loses_no_event(tmp_path, monkeypatch):
-    bt = _load()
+    bt = bench_module("build_trace")
     path = _trace(tmp_path)
     monkeypatch.setattr(bt, "CHUNK", 7)                        # every event crosses a chunk boundary
     assert sorted(e[2] for e in bt.events(str(path))) == [20, 30, 60, 100, 500]

@@ -1,21 +1,13 @@
 """bench/first_result.py's bookkeeping, without a GPU: which call was the first fused one, the medians of
 each path (the fused one after its first call, which binds), and the modes it refuses."""
-import importlib.util
 import subprocess
 import sys
 
-from .conftest import ROOT
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_first_result", ROOT / "bench" / "first_result.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from .conftest import ROOT, bench_module
 
 
 def test_a_background_run_reports_its_switch_to_the_fused_kernels():
-    fr = _load()
+    fr = bench_module("first_result")
     calls = [(2.0, 0.5, False), (2.1, 0.004, False), (2.2, 0.002, False),     # unfused while nvcc runs
              (31.0, 0.300, True),                                             # binds the built kernels
              (31.1, 0.001, True), (31.2, 0.003, True), (31.3, 0.002, True)]
@@ -25,7 +17,7 @@ def test_a_background_run_reports_its_switch_to_the_fused_kernels():
 
 
 def test_a_waiting_run_has_no_unfused_calls_and_a_run_that_never_switched_says_so():
-    fr = _load()
+    fr = bench_module("first_result")
     waited = fr.summarize([(40.0, 38.0, True), (40.1, 0.001, True), (40.2, 0.001, True)])
     assert (waited["first_fused_result_s"], waited["calls_before_fused"], waited["unfused_call_ms"]) == (40.0, 0, None)
     assert waited["fused_call_ms"] == 1.0
@@ -35,7 +27,7 @@ def test_a_waiting_run_has_no_unfused_calls_and_a_run_that_never_switched_says_s
 
 
 def test_the_table_prints_a_failed_mode_by_its_error():
-    fr = _load()
+    fr = bench_module("first_result")
     text = fr.table([{"mode": "wait", "first_result_s": 40.0, "first_fused_result_s": 40.0, "calls_before_fused": 0,
                       "unfused_call_ms": None, "fused_call_ms": 1.0},
                      {"mode": "bundle", "error": ["E704 the kernel is not in the bundle"]}])

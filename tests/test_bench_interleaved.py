@@ -1,6 +1,5 @@
 """bench/interleaved.py's `tuned` candidate on the CPU: it tunes the work's program at the sizes its
 inputs give, into a database of its own, and times the winners (the H200 runs the tuner for real)."""
-import importlib.util
 import sys
 
 import pytest
@@ -8,19 +7,11 @@ import pytest
 import epic
 from epic import reference
 
-from .conftest import ROOT
-
-
-def _load():
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("bench_interleaved", ROOT / "bench" / "interleaved.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from .conftest import ROOT, bench_module
 
 
 def test_the_tuned_candidate_tunes_at_the_inputs_sizes_into_its_own_database(monkeypatch, tmp_path):
-    interleaved = _load()
+    interleaved = bench_module("interleaved")
     from epic.tuning import tuner
     seen = {}
 

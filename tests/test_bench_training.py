@@ -12,18 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .conftest import ROOT
+from .conftest import ROOT, bench_module
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module          # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-ts = _load("train_step")
+ts = bench_module("train_step")
 SMALL = {"ce": dict(D=64, V=256), "mlp": dict(D=64, F=96)}
 CHECK_TOL = 3e-2          # ||a - b|| / ||b|| against eager in bf16; a wrong gradient reads ~1
 
@@ -127,7 +119,7 @@ TINY = ["--layers", "2", "--hidden", "64", "--intermediate", "96", "--heads", "4
 
 @needs_transformers
 def test_train_llama_variants():
-    tl = _load("train_llama")
+    tl = bench_module("train_llama")
     assert tl.parse_args(["--variants", "liger,hf_compile"]).variants == ["hf", "liger", "hf_compile"]
     assert tl.parse_args(["--variants", "compile"]).variants == ["hf", "hf_compile"], "the older name"
     assert tl.parse_args([]).variants == ["hf", "hf_compile", "epic", "epic_compile", "liger"]
@@ -143,7 +135,7 @@ def test_train_llama_compares_each_variant_with_hf_and_puts_liger_s_patch_back(m
     stand-in does the same (its RoPE counts its calls and computes HF's): it must be live during the
     liger run only."""
     from transformers.models.llama import modeling_llama as m
-    tl = _load("train_llama")
+    tl = bench_module("train_llama")
     original_rope, original_mlp = m.apply_rotary_pos_emb, m.LlamaMLP
     monkeypatch.setattr(m, "apply_rotary_pos_emb", original_rope)     # put back at teardown even if this fails
     monkeypatch.setattr(m, "LlamaMLP", original_mlp)
@@ -182,7 +174,7 @@ def test_train_llama_compares_each_variant_with_hf_and_puts_liger_s_patch_back(m
 def test_prebuild_lists_each_lm_head_program_at_the_rows_it_runs_at(monkeypatch, policy, chunk_rows, runs):
     import epic.runtime.build
     from epic.integrations import programs
-    tl = _load("train_llama")
+    tl = bench_module("train_llama")
     built = []
     monkeypatch.setattr(epic.runtime.build, "build_all", built.extend)
     cfg = tl.config(tl.parse_args(TINY))
@@ -219,7 +211,7 @@ def test_fsdp2_script_on_two_gloo_processes_matches_one(tmp_path):
                                   ["--device", "cpu", "--backend", "nccl"]])
 def test_fsdp2_script_refuses_inconsistent_options(argv):
     with pytest.raises(SystemExit) as e:
-        _load("fsdp2_gpus").parse_args(argv)
+        bench_module("fsdp2_gpus").parse_args(argv)
     assert e.value.code == 2
 
 
