@@ -1,6 +1,5 @@
 """bench/interleaved.py's `tuned` candidate on the CPU: it tunes the work's program at the sizes its
 inputs give, into a database of its own, and times the winners (the H200 runs the tuner for real)."""
-import sys
 
 import pytest
 
