@@ -219,8 +219,8 @@ WORK = {
     # K split over 2 or 4 times the CTAs (what a split-K inside a cluster would read per CTA)
     "plain_k2048": ("bench/programs/plain.epi", lambda m: w_plain(m, 2 * D, D // 2)),
     "plain_k1024": ("bench/programs/plain.epi", lambda m: w_plain(m, 4 * D, D // 4)),
-    # gate/up's N = 28672 with K / 4 and 4 K: 16 or 256 k-blocks per tile instead of 64. A gap to a peer
-    # that is a fixed cost per tile shrinks with K; one in the k-loop does not
+    # gate/up's N = 28672 with K / 4 and 4 K: 16 or 256 k-blocks per tile instead of 64. As a ratio, a gap
+    # to a peer that is a fixed cost per tile shrinks as K grows; one in the k-loop does not
     "plain_gate_up_k1024": ("bench/programs/plain.epi", lambda m: w_plain(m, 2 * DFF, D // 4)),
     "plain_gate_up_k16384": ("bench/programs/plain.epi", lambda m: w_plain(m, 2 * DFF, 4 * D)),
     # residual + RMSNorm's parts one at a time: what each costs a decode epilogue
