@@ -100,9 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         a, b = (labels.index(p) if p in labels else int(p) - 1 for p in pair)
     except ValueError:
+        a = b = -1
+    if not (0 <= a < len(labels) and 0 <= b < len(labels)) or a == b:
         print(f"error: --compare takes two of {', '.join(labels)} (or positions 1-{len(labels)})", file=sys.stderr)
         return 2
-    for i, (label, name) in enumerate(zip(labels, names)):
+    for label, name in zip(labels, names):
         print(f"{label}: {name[:110]}")
     print(f"metrics where {labels[a]} and {labels[b]} differ by more than {args.min:.1%}; "
           f"columns: {' | '.join(labels)}")

@@ -1,5 +1,7 @@
+import importlib.util
 import os
 import pathlib
+import sys
 
 import pytest
 
@@ -25,8 +27,6 @@ SAMPLES = sorted((ROOT / "samples").glob("*.epi"))
 def bench_module(name: str):
     """bench/NAME.py imported as module `bench_NAME` (bench/ is scripts, not a package); bench/ goes on
     sys.path first, for the scripts that import their neighbours (bench.py, profiling.py)."""
-    import importlib.util
-    import sys
     if str(ROOT / "bench") not in sys.path:
         sys.path.insert(0, str(ROOT / "bench"))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")

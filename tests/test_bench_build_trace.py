@@ -2,7 +2,7 @@
 is an event's time less its children's, a family nested in itself counts once inclusively."""
 import json
 
-from .conftest import ROOT, bench_module
+from .conftest import bench_module
 
 
 def _event(pid, ts, dur, name, detail):

@@ -67,6 +67,9 @@ def test_labels_that_do_not_fit_the_file_are_refused(tmp_path):
     bad = subprocess.run([sys.executable, script, str(f), "--labels", "a,b,c", "--compare", "a,z"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--compare takes two of a, b, c" in bad.stderr
+    for pair in ("2,5", "0,1", "k2,k2"):     # out of range, 1-based, the same kernel twice
+        out = subprocess.run([sys.executable, script, str(f), "--compare", pair], capture_output=True, text=True)
+        assert out.returncode == 2 and "--compare takes two of k1, k2, k3" in out.stderr and "Traceback" not in out.stderr
     empty = tmp_path / "e.csv"
     empty.write_text("==PROF== nothing profiled\n")
     none = subprocess.run([sys.executable, script, str(empty)], capture_output=True, text=True)
