@@ -6,6 +6,8 @@ epic's kernel than in QuACK's at N = 14336).
       python bench/ncu_compare.py --work plain_ffn --rows 8192
   ncu --import $OUT/gemms.ncu-rep --page details --csv > $OUT/gemms.csv
   python bench/ncu_diff.py $OUT/gemms.csv --labels cublas,epic,quack --compare epic,quack --min 0.01
+  ncu --import $OUT/gemms.ncu-rep --page source --csv --print-source sass > $OUT/gemms-sass.csv
+  python bench/ncu_source.py $OUT/gemms-sass.csv --labels cublas,epic,quack     # where warps wait
 
 Every candidate runs a few times before the range (builds, JIT, autotuning stay outside); in the
 range each runs once, in the order cuBLAS, epic, QuACK. QuACK is optional (import it via
