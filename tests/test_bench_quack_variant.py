@@ -1,6 +1,6 @@
-"""bench/quack_variant.py and bench/quack_policy_ab.py on a small package written here in QuACK's shape:
-what the renamed copy changes, the TMA loads it gives a policy, the QuACK it refuses, and the candidate
-list the A/B harness hands the peer harness."""
+"""bench/quack_variant.py and bench/quack_variants_ab.py on a small package written here in QuACK's shape:
+what a renamed copy changes (its imports, the TMA loads' policy, the serpentine), the QuACK and the
+arguments they refuse, and the candidate list the A/B script hands the peer harness."""
 import subprocess
 import sys
 import types
@@ -33,11 +33,30 @@ def load(self):
 '''
 
 
+TILE_SCHEDULER = '''from cutlass import Int32, const_expr
+
+
+class TileScheduler:
+    def _swizzle_cta(self, group_id, cid_slow):
+        if group_id % 2 == 1:  # serpentine order
+            cid_slow = 7 - cid_slow
+        return cid_slow
+
+
+class TriangularTileScheduler(TileScheduler):
+    def _swizzle_cta(self, group_id, cid_slow):
+        if group_id % 2 == 1:  # serpentine order
+            cid_slow = 3 - cid_slow
+        return cid_slow
+'''
+
+
 def fake_quack(root):
     pkg = root / "quack"
     (pkg / "cache").mkdir(parents=True)
     (pkg / "__init__.py").write_text('__version__ = "0.6.5"\nfrom quack.gemm_sm90 import load\n')
     (pkg / "gemm_sm90.py").write_text(GEMM_SM90)
+    (pkg / "tile_scheduler.py").write_text(TILE_SCHEDULER)
     (pkg / "cache" / "jit.py").write_text("def fingerprint():\n    import quack as _quack\n    return _quack\n")
     (pkg / "autotuner.py").write_text('PACKAGE_NAME = "quack"\n')
     (pkg / "ops.py").write_text('@cute_op("quack::_topk_fwd")\ndef f(module):\n    return module == "quack"\n')
@@ -46,8 +65,9 @@ def fake_quack(root):
 
 def test_the_copy_renames_every_import_and_gives_both_loads_the_policy(tmp_path):
     qv = bench_module("quack_variant")
-    dst = qv.make(fake_quack(tmp_path / "src"), tmp_path / "out")
+    dst = qv.make(fake_quack(tmp_path / "src"), tmp_path / "out", "quack_ev", ["policy"])
     assert dst == tmp_path / "out" / "quack_ev"
+    assert (dst / "tile_scheduler.py").read_text() == TILE_SCHEDULER
     assert (dst / "__init__.py").read_text() == '__version__ = "0.6.5"\nfrom quack_ev.gemm_sm90 import load\n'
     assert "import quack_ev as _quack" in (dst / "cache" / "jit.py").read_text()
     assert (dst / "autotuner.py").read_text() == 'PACKAGE_NAME = "quack_ev"\n'
@@ -63,7 +83,22 @@ def test_the_copy_renames_every_import_and_gives_both_loads_the_policy(tmp_path)
     # the original is untouched, and a second run replaces the copy
     assert "cache_policy" not in (tmp_path / "src" / "quack" / "gemm_sm90.py").read_text()
     (dst / "stale.py").write_text("")
-    assert not (qv.make(tmp_path / "src" / "quack", tmp_path / "out") / "stale.py").exists()
+    assert not (qv.make(tmp_path / "src" / "quack", tmp_path / "out", "quack_ev", ["policy"]) / "stale.py").exists()
+
+
+def test_the_linear_copy_turns_off_the_serpentine_of_the_static_scheduler_only(tmp_path):
+    qv = bench_module("quack_variant")
+    src = fake_quack(tmp_path / "src")
+    dst = qv.make(src, tmp_path / "out", "quack_lin", ["linear"])
+    text = (dst / "tile_scheduler.py").read_text()
+    static, _, triangular = text.partition("class TriangularTileScheduler")
+    assert "if const_expr(False):  # serpentine order: off" in static and "group_id % 2" not in static
+    assert "if group_id % 2 == 1:  # serpentine order" in triangular
+    assert "cache_policy" not in (dst / "gemm_sm90.py").read_text()
+    both = qv.make(src, tmp_path / "out", "quack_both", ["policy", "linear"])
+    assert "cache_policy" in (both / "gemm_sm90.py").read_text()
+    assert "const_expr(False)" in (both / "tile_scheduler.py").read_text()
+    assert (both / "__init__.py").read_text().endswith("from quack_both.gemm_sm90 import load\n")
 
 
 def test_a_quack_without_the_expected_loads_is_refused(tmp_path):
@@ -71,47 +106,82 @@ def test_a_quack_without_the_expected_loads_is_refused(tmp_path):
     pkg = fake_quack(tmp_path / "src")
     (pkg / "gemm_sm90.py").write_text(GEMM_SM90.replace("dst_tensor=sB,", "dst_tensor=sB2,"))
     with pytest.raises(ValueError, match="A and B loads of quack-kernels 0.6.5"):
-        qv.make(pkg, tmp_path / "out")
+        qv.make(pkg, tmp_path / "out", "quack_ev", ["policy"])
+    (pkg / "tile_scheduler.py").write_text(TILE_SCHEDULER.replace("  # serpentine order", ""))
+    with pytest.raises(ValueError, match="serpentine of quack-kernels 0.6.5"):
+        qv.make(pkg, tmp_path / "out", "quack_lin", ["linear"])
+    with pytest.raises(ValueError, match="changes are policy, linear"):
+        qv.make(pkg, tmp_path / "out", "quack_x", ["faster"])
+    with pytest.raises(ValueError, match="a copy's name is quack_"):
+        qv.make(pkg, tmp_path / "out", "../evil", ["linear"])
 
 
 def test_without_quack_both_scripts_say_so_in_one_line(tmp_path):
-    for script, args in (("quack_variant.py", ["--into", str(tmp_path)]),
-                         ("quack_policy_ab.py", ["--harness", str(tmp_path / "h.py")])):
+    for script, args in (("quack_variant.py", ["--into", str(tmp_path), "--name", "quack_ev", "--change", "policy"]),
+                         ("quack_variants_ab.py", ["--variant", "quack_ev", "--harness", str(tmp_path / "h.py")])):
         out = subprocess.run([sys.executable, "-S", str(ROOT / "bench" / script), *args], capture_output=True,
                              text=True)
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1
-    assert ab_missing_harness(tmp_path) == "quack_policy_ab: no harness at " + str(tmp_path / "h.py")
-    out = subprocess.run([sys.executable, "-S", str(ROOT / "bench" / "quack_policy_ab.py"), "--rows", "64"],
-                         capture_output=True, text=True)
-    assert out.returncode == 2 and out.stderr.startswith("usage: quack_policy_ab.py --harness")
+    assert ab_missing_harness(tmp_path) == "quack_variants_ab: no harness at " + str(tmp_path / "h.py")
+    for args in (["--rows", "64"], ["--harness", "h.py"], ["--variant", "quack_ev"]):
+        out = subprocess.run([sys.executable, "-S", str(ROOT / "bench" / "quack_variants_ab.py"), *args],
+                             capture_output=True, text=True)
+        assert out.returncode == 2 and out.stderr.startswith("usage: quack_variants_ab.py --variant"), args
 
 
 def ab_missing_harness(tmp_path):
-    """quack_policy_ab's answer to a harness path with nothing there, the variant importable (faked)."""
+    """quack_variants_ab's answer to a harness path with nothing there, the variant importable (faked)."""
     fake = tmp_path / "fakevariant"
     for mod in ("gemm_interface", "linear_cross_entropy", "epilogue/library", "epilogue/rotary"):
         (fake / "quack_ev" / mod).parent.mkdir(parents=True, exist_ok=True)
         (fake / "quack_ev" / f"{mod}.py").write_text(
             "gemm = gemm_act = gemm_rms = gemm_norm_act = chunked_linear_cross_entropy = None\n"
             "lse_target_epi = rope_posfreq_epi = make_interleaved_inv_freq = None\n")
-    out = subprocess.run([sys.executable, "-S", str(ROOT / "bench" / "quack_policy_ab.py"), "--harness",
-                          str(tmp_path / "h.py")], capture_output=True, text=True, env={"PYTHONPATH": str(fake)})
+    out = subprocess.run([sys.executable, "-S", str(ROOT / "bench" / "quack_variants_ab.py"), "--variant",
+                          "quack_ev:evn", "--harness", str(tmp_path / "h.py")], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(fake)})
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     return out.stderr.strip()
 
 
-def test_the_ab_harness_times_each_quack_candidate_twice_under_two_labels():
-    ab = bench_module("quack_policy_ab")
+def test_the_ab_script_times_each_quack_candidate_once_per_copy_under_its_label():
+    ab = bench_module("quack_variants_ab")
     seen = []
 
     def candidates(Q, name, inputs, graphed, notes):
         seen.append(Q)
         return [("quack", Q.fn, None), ("quack-chunked-mean", Q.fn, "check")]
 
-    quack, variant = types.SimpleNamespace(fn=lambda: 1), types.SimpleNamespace(fn=lambda: 2)
-    out = ab.doubled(candidates, variant)(quack, "xent", {}, None, [])
-    assert seen == [quack, variant]
-    assert [fn() for _, fn, _ in out] == [1, 1, 2, 2]
-    assert [label for label, _, _ in out] == ["quack", "quack-chunked-mean", "quack-evn", "quack-evn-chunked-mean"]
+    quack, ev, lin = (types.SimpleNamespace(fn=lambda v=v: v) for v in (1, 2, 3))
+    out = ab.with_variants(candidates, [("evn", ev), ("lin", lin)])(quack, "xent", {}, None, [])
+    assert seen == [quack, ev, lin]
+    assert [fn() for _, fn, _ in out] == [1, 1, 2, 2, 3, 3]
+    assert [label for label, _, _ in out] == ["quack", "quack-chunked-mean", "quack-evn", "quack-evn-chunked-mean",
+                                              "quack-lin", "quack-lin-chunked-mean"]
     assert out[3][2] == "check"
+
+
+def test_the_ab_script_hands_the_harness_its_arguments_and_the_variants_candidates(tmp_path):
+    ab_missing_harness(tmp_path)                        # writes the fake copy under tmp_path/fakevariant
+    (tmp_path / "fakevariant" / "quack_lin").mkdir()
+    for f in (tmp_path / "fakevariant" / "quack_ev").rglob("*.py"):
+        dst = tmp_path / "fakevariant" / "quack_lin" / f.relative_to(tmp_path / "fakevariant" / "quack_ev")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(f.read_text())
+    harness = tmp_path / "harness.py"
+    harness.write_text(
+        "import sys, types\n"
+        "def quack_candidates(Q, name, inputs, graphed, notes):\n"
+        "    return [('quack', Q.gemm, None)]\n"
+        "def main():\n"
+        "    print(' '.join(sys.argv[1:]))\n"
+        "    q = types.SimpleNamespace(gemm=None)\n"
+        "    print(' '.join(l for l, _, _ in quack_candidates(q, 'plain', {}, None, [])))\n"
+        "    return 3\n")
+    out = subprocess.run([sys.executable, "-S", str(ROOT / "bench" / "quack_variants_ab.py"), "--work", "plain",
+                          "--variant", "quack_ev:evn", "--harness", str(harness), "--variant", "quack_lin",
+                          "--rows", "8192"], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(tmp_path / "fakevariant")})
+    assert out.returncode == 3, out.stderr
+    assert out.stdout.splitlines() == ["--work plain --rows 8192", "quack quack-evn quack-lin"]
