@@ -1,5 +1,7 @@
 """Code generation without a GPU: what each program lowers to, what is refused (E702), exact
 literals, the build cache, and (marker `nvcc`) a real nvcc compile of generated kernels."""
+import ctypes
+import difflib
 import math
 import os
 import stat
@@ -268,6 +270,33 @@ def test_only_a_row_combine_right_after_its_gemm_folds():
     assert planner.folds(mlp, configs(mlp, 64)) == {}        # combine=kernel, the default: nothing folds
 
 
+def test_trace_tiles_wraps_the_collectives_and_leaves_the_untraced_kernel_as_it_was():
+    """trace=tiles wraps the mainloop and epilogue collectives in the recording ones and prints the trace
+    buffer's header (with its exported readers) outside the kernel's namespace; its kernel has a name of
+    its own; the default kernel's text names none of it. Split-K's kernel is not traced."""
+    prog = pipeline.analyze(str(ROOT / "bench" / "programs" / "plain.epi")).program
+    sizes = dict(M=8192, K=1024, N=28672)
+    [(_, base)] = emit.units(prog, emit.kernel_configs(prog, 8192, None, sizes))
+    [(_, traced)] = emit.units(prog, emit.kernel_configs(prog, 8192, {"plain": {"trace": "tiles"}}, sizes))
+    assert base.name == "plain.ping_128x192x64_c2x1" and traced.name == base.name + "_tiles"
+    assert "epic_trace" not in base.source
+    assert ("using CollectiveMainloop = epic_trace::TracedMainloop<epic_mainloop::L2PrefetchMainloop<BuiltMainloop, "
+            "192, 64>>;") in traced.source
+    assert "using CollectiveEpilogue = epic_trace::TracedEpilogue<typename cutlass::epilogue::collective" in traced.source
+    header = traced.source.index("struct TracedMainloop : Base {")
+    assert header < traced.source.index("namespace epic_kernel {")
+    assert "EPIC_API int epic_trace_read(void* dst, size_t bytes)" in traced.source
+    # the trace adds lines; of the default kernel's, it changes only the two collectives', the comment
+    # naming the configuration and the library's description of itself (which names it too)
+    removed = [d[2:] for d in difflib.ndiff(base.source.splitlines(), traced.source.splitlines()) if d[:2] == "- "]
+    assert [r.split()[:2] for r in removed[:4]] == [["//", "ping_128x192x64_c2x1;"], ["using", "CollectiveEpilogue"],
+                                                    ["float,", "float,"], ["using", "CollectiveMainloop"]]
+    assert len(removed) == 5 and removed[4].startswith('  return "{\\"abi\\":1,')
+    with pytest.raises(EpicError) as info:
+        emit.kernel_configs(prog, 8192, {"plain": {"trace": "tiles", "splits": 2}}, sizes)
+    assert info.value.codes == ["E216"] and "the split-K kernel (splits=2) is not traced" in str(info.value)
+
+
 def test_combine_fold_with_split_k_is_refused():
     prog = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi")).program
     with pytest.raises(EpicError) as info:
@@ -410,6 +439,27 @@ def test_nvcc_builds_generated_kernels(tmp_path, monkeypatch):
         assert info.value.codes == ["E703"]
         rc = gemm.lib.epic_launch(None, None, None, None, None, 0)
         assert rc == -1
+
+
+@pytest.mark.nvcc
+def test_nvcc_builds_a_traced_kernel_whose_buffer_layout_the_bench_reads(tmp_path, monkeypatch):
+    """trace=tiles compiles with CUTLASS's pingpong kernel, exports its buffer's readers, and says the
+    buffer's shape that bench/tile_trace.py slices it by (the layout call needs no GPU)."""
+    if not build.shutil.which("nvcc"):
+        pytest.skip("nvcc not installed")
+    monkeypatch.setenv("EPIC_CACHE_DIR", str(tmp_path))
+    prog = pipeline.analyze(str(ROOT / "bench" / "programs" / "plain.epi")).program
+    cfgs = emit.kernel_configs(prog, 8192, {"plain": {"trace": "tiles"}}, dict(M=8192, K=1024, N=28672))
+    [(spec, unit)] = emit.units(prog, cfgs)
+    [path] = build.build_all([unit], quiet=True)
+    lib = loader.load(path, [f"{x.role}:{x.tensor}" for x in spec.pointers])
+    layout = (ctypes.c_int * 6)()
+    assert lib.function("epic_trace_layout")(layout) == 0
+    ctas, tiles, events, load_events, words, size = list(layout)
+    assert (ctas, tiles, events, load_events, words) == (264, 128, 7, 2, 6)
+    assert size == 8 * (ctas * 2 * tiles * events + ctas * 2 * tiles * load_events + ctas * words)
+    assert lib.function("epic_trace_read") is not None and lib.function("epic_trace_clear") is not None
+    assert lib.function("epic_trace_nothing") is None
 
 
 def _has_gpu() -> bool:

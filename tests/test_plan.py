@@ -364,3 +364,15 @@ def test_render_line_by_line():
     assert lines[-3:] == ["total fused                   480 B  (480 B) in 1 kernels",
                           "total op by op                736 B  (736 B) in 2 kernels",
                           "fused / op by op            0.652"]
+
+
+def test_trace_is_an_option_that_names_its_own_kernel_and_that_no_heuristic_picks():
+    text = "gemm g(x: bf16[M, K] @ w: bf16[K, N]){opts} {{\n  out y: bf16 = acc\n}}\n"
+    sizes = dict(M=8192, K=4096, N=14336)
+    default = planner.make_plan(analyze(text.format(opts="")).program, sizes).configs["g"]
+    traced = planner.make_plan(analyze(text.format(opts=" with trace=tiles")).program, sizes).configs["g"]
+    assert default.trace == "off" and "trace" not in str(default) and "tiles" not in default.key()
+    assert traced.key() == default.key() + "_tiles" and str(traced).endswith("trace=tiles")
+    with pytest.raises(EpicError) as info:
+        analyze(text.format(opts=" with trace=all"))
+    assert info.value.codes == ["E215"] and "trace must be one of off, tiles" in str(info.value)

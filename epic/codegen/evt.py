@@ -77,8 +77,10 @@ class KernelSpec:
     def scheduler_headers(self) -> list[str]:
         """Node headers printed outside the kernel's namespace (a scheduler specializes CUTLASS's selector;
         the mainloop wrapper of a kernel that can be launched as a programmatic dependent)."""
-        return [] if self.config.split_k else ["epic_nodes/grouped_tile_scheduler.hpp",
-                                               "epic_nodes/l2_prefetch_mainloop.hpp"]
+        if self.config.split_k:
+            return []
+        return (["epic_nodes/grouped_tile_scheduler.hpp", "epic_nodes/l2_prefetch_mainloop.hpp"]
+                + (["epic_nodes/tile_trace.hpp"] if self.config.trace == "tiles" else []))
 
 
 class Builder:

@@ -16,6 +16,9 @@ COMBINES = ("kernel", "fold")
 # split-K: the K loop of every output tile divided among this many CTAs, reduced in a fixed order
 # (CUTLASS's stream-K tile scheduler in its split-K mode, deterministic reduction)
 SPLITS = (1, 2, 3, 4, 6, 8)
+# trace=tiles: each warp group's phases of each tile, timed in the kernel (templates/nodes/epic_nodes/
+# tile_trace.hpp, bench/tile_trace.py); a diagnostic build, never chosen by the heuristic or the tuner
+TRACES = ("off", "tiles")
 TILE_M = (64, 128, 256)
 TILE_N = (64, 128, 192, 256)
 TILE_K = (64, 128)
@@ -25,7 +28,8 @@ CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2))
 SIZE_OPTIONS = {"tile": ((2, 3), "128x128x64"), "cluster": ((2,), "2x1"), "epi_tile": ((2,), "128x64")}
 # options chosen from a set: name -> the spellings
 CHOICE_OPTIONS = {"backend": BACKENDS, "schedule": SCHEDULES, "aux_load": AUX_LOADS, "raster": RASTERS, "combine": COMBINES,
-                  "swizzle": tuple(str(s) for s in SWIZZLES), "splits": tuple(str(s) for s in SPLITS)}
+                  "swizzle": tuple(str(s) for s in SWIZZLES), "splits": tuple(str(s) for s in SPLITS),
+                  "trace": TRACES}
 INT_OPTIONS = ("swizzle", "splits")
 # options that change what the program computes, not how fast: the file says them, a call cannot
 # (b_major: the memory order of a B operand declared inline: K-major, the default, or N-major)
@@ -57,10 +61,13 @@ def value_problem(key: str, value) -> str | None:
 
 
 def combination_problems(schedule: str, tile: tuple[int, int, int], epi_tile: tuple[int, int] | None,
-                         splits: int = 1, combine: str = "kernel") -> list[str]:
+                         splits: int = 1, combine: str = "kernel", trace: str = "off") -> list[str]:
     """What CUTLASS's sm90 schedules refuse in a complete configuration."""
     m, n, _ = tile
     out = []
+    if trace != "off" and splits > 1:
+        out.append(f"trace={trace} times the persistent kernels' tiles; the split-K kernel (splits={splits}) is "
+                   "not traced")
     if splits > 1 and combine == "fold":
         out.append(f"combine=fold does not work with splits={splits} (the split-K scheduler's epilogue is not "
                    "the one that merges a row block); use combine=kernel")

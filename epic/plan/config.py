@@ -54,6 +54,9 @@ class KernelConfig:
     combine: str = "kernel"
     # which library runs the gemm (plan/backend.py): "cublas" uses none of the fields above
     backend: str = "cutlass"
+    # "tiles": the kernel records each warp group's phases of each tile (a diagnostic build,
+    # templates/nodes/epic_nodes/tile_trace.hpp)
+    trace: str = "off"
 
     @property
     def vendor(self) -> bool:
@@ -80,7 +83,8 @@ class KernelConfig:
                 + (f" swizzle {self.swizzle}" if self.swizzle != 1 else "")
                 + (f" raster {self.raster}" if self.raster != "heuristic" else "")
                 + (f" splits {self.splits}" if self.splits != 1 else "")
-                + (f" combine={self.combine}" if self.combine != "kernel" else ""))
+                + (f" combine={self.combine}" if self.combine != "kernel" else "")
+                + (f" trace={self.trace}" if self.trace != "off" else ""))
 
     def key(self) -> str:
         """Names the built kernel: only what changes the code (not swizzle/raster/the split count)."""
@@ -90,7 +94,8 @@ class KernelConfig:
                 + (f"_{self.aux_load}" if self.aux_load != "tma" else "")
                 + (f"_e{self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else "")
                 + ("_splitk" if self.split_k else "")
-                + ("_fold" if self.combine == "fold" else ""))
+                + ("_fold" if self.combine == "fold" else "")
+                + (f"_{self.trace}" if self.trace != "off" else ""))
 
     @property
     def split_k(self) -> bool:
@@ -111,7 +116,10 @@ def problems(cfg: KernelConfig) -> list[str]:
         out.append(f"raster must be one of {', '.join(RASTERS)}")
     if cfg.combine not in vocab.COMBINES:
         out.append(f"combine must be one of {', '.join(vocab.COMBINES)}")
-    return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits, cfg.combine)
+    if cfg.trace not in vocab.TRACES:
+        out.append(f"trace must be one of {', '.join(vocab.TRACES)}")
+    return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits, cfg.combine,
+                                            cfg.trace)
 
 
 def _backend(kernel, override: dict | None) -> str | None:
@@ -405,7 +413,7 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
             cfg = KernelConfig(schedule, tile, tuple(source.get("cluster", cfg.cluster)),
                                source.get("aux_load", cfg.aux_load), tuple(epi) if epi else None,
                                int(source.get("swizzle", cfg.swizzle)), source.get("raster", cfg.raster), splits,
-                               source.get("combine", cfg.combine))
+                               source.get("combine", cfg.combine), trace=source.get("trace", cfg.trace))
     if split_cluster and not cluster_fixed and not any(split_block(cfg, b) for b in blocks):
         cfg = replace(cfg, cluster=(1, 1))     # an override made the tile (or split-K) leave the blocks whole
     if not tile_fixed:

@@ -52,6 +52,10 @@ class KernelLibrary:
         if rc != 0:
             raise self.launch_error(rc)
 
+    def function(self, name: str):
+        """An optional export of the library (a trace=tiles kernel's epic_trace_*), or None."""
+        return getattr(self.lib, name, None)
+
     @property
     def launch_function(self):
         """epic_launch itself, for the compiled call path (runtime/fastcall.py)."""
@@ -61,6 +65,12 @@ class KernelLibrary:
         what = _STATUS.get(rc, f"CUDA error {rc}" if self.info.get("kind") == "combine" else f"status {rc}")
         return EpicError(Diagnostic("E703", f"kernel '{self.info['kernel']}' did not launch: {what}", None,
                                     f"library {self.path}"))
+
+
+def loaded() -> list[KernelLibrary]:
+    """The kernel libraries this process has loaded, in load order."""
+    with _LOCK:
+        return list(_LOADED.values())
 
 
 def load(path: Path, expect_ptrs: list[str]) -> KernelLibrary:

@@ -1,0 +1,224 @@
+"""Where a persistent gemm's time goes between tiles: each warp group's phases of each tile, timed inside
+the kernel (kernel option trace=tiles, templates/nodes/epic_nodes/tile_trace.hpp), summarized over all
+tiles and CTAs, in SM clock cycles.
+
+  python bench/tile_trace.py --work plain_gate_up_k1024 --rows 8192 [--config ping_128x192x64_c2x1] [--out t.json]
+
+Every gemm of the work's program is built with trace=tiles (and --config, bench.py's spelling, where
+given), run a few times, then once more with its trace buffer cleared first; the summary is of that
+run, whose outputs are checked against the untraced program's, bit for bit (exit 1 where they differ). Per tile of a consumer warp group (pingpong: the two take turns, the CTA's tiles alternate):
+  turn wait   from the end of its previous tile's epilogue to its turn on the tensor cores (mma entered)
+  data        from its turn to its first k-block's operands being in shared memory
+  issue       from then until every k-block is issued; per k-block also, against the tensor cores' peak
+              (4096 bf16 flops per cycle per SM: 768 cycles for a 128x192x64 k-block)
+  drain       until every k-block has retired
+  epi wait    until its epilogue's turn; epilogue: until its stores are issued; store tail: until they
+              have read shared memory
+  handoff     from one warp group's mma() returning to the other's mma() entered, tile after tile
+  tensor idle per tile: the CTA's span minus the union of its [data, drain] intervals, over its tiles
+  producer lead  from the producer starting a tile's loads to that tile's turn on the tensor cores
+The trace costs a few instructions per phase; time the traced kernel beside the untraced one
+(bench/interleaved.py) before reading small differences into it.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import re
+import statistics
+import sys
+
+# the buffer's events (tile_trace.hpp)
+MMA_BEGIN, DATA, ISSUED, RETIRED, EPI_BEGIN, EPI_STORED, EPI_END = range(7)
+LOAD_BEGIN, LOAD_END = range(2)
+SMID, GLOBAL_NS, CLOCK, TILES0, TILES1, LOADS = range(6)
+PHASES = ("turn wait", "data", "issue", "drain", "epi wait", "epilogue", "store tail")
+PEAK_FLOPS_PER_CYCLE = 4096     # dense bf16 per SM per cycle on Hopper (989 TFLOPS, 132 SMs, 1.83 GHz)
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    if not values:
+        return (float("nan"),) * 3
+    if len(values) == 1:
+        return (values[0],) * 3
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[1], q[2]
+
+
+def phases(wg_tiles: list[list[int]]) -> dict[str, list[int]]:
+    """Phase lengths of one warp group's tiles (each a list of the 7 event clocks; 0: not reached)."""
+    out: dict[str, list[int]] = {p: [] for p in PHASES}
+    spans = [(MMA_BEGIN, DATA, "data"), (DATA, ISSUED, "issue"), (ISSUED, RETIRED, "drain"),
+             (RETIRED, EPI_BEGIN, "epi wait"), (EPI_BEGIN, EPI_STORED, "epilogue"), (EPI_STORED, EPI_END, "store tail")]
+    previous_end = 0
+    for ev in wg_tiles:
+        if previous_end and ev[MMA_BEGIN]:
+            out["turn wait"].append(ev[MMA_BEGIN] - previous_end)
+        for a, b, name in spans:
+            if ev[a] and ev[b]:
+                out[name].append(ev[b] - ev[a])
+        previous_end = ev[EPI_END] or ev[EPI_STORED]
+    return out
+
+
+def cta_summary(wg: list[list[list[int]]], tiles: tuple[int, int], loads: list[list[int]] | None = None,
+                pingpong: bool = True) -> dict:
+    """One CTA: its warp groups' phases, the handoffs between them, the tensor cores' idle time and the
+    producer's lead. wg[w][t] = the 7 event clocks of warp group w's t-th tile; tiles = tiles recorded per
+    warp group; loads[p] = the producer's (begin, end) clocks of the CTA's p-th tile, which pingpong's warp
+    groups take in turn (warp group p % 2, its tile p // 2) and the cooperative schedule's share."""
+    per = [phases(wg[w][:tiles[w]]) for w in (0, 1)]
+    merged = {p: per[0][p] + per[1][p] for p in PHASES}
+    # the CTA's tiles in the order they took the tensor cores
+    turns = sorted((ev[MMA_BEGIN], ev) for w in (0, 1) for ev in wg[w][:tiles[w]] if ev[MMA_BEGIN])
+    handoffs = [b[MMA_BEGIN] - a[ISSUED] for (_, a), (_, b) in zip(turns, turns[1:]) if a[ISSUED]]
+    busy = sorted((ev[DATA], ev[RETIRED]) for _, ev in turns if ev[DATA] and ev[RETIRED])
+    covered, end = 0, None
+    for lo, hi in busy:
+        if end is None or lo > end:
+            covered += hi - lo
+            end = hi
+        elif hi > end:
+            covered += hi - end
+            end = hi
+    span = (busy[-1][1] if busy else 0) - (busy[0][0] if busy else 0)
+    idle = span - covered if busy else 0
+    lead = []
+    for p, (begin, _) in enumerate(loads or []):
+        w, t = (p % 2, p // 2) if pingpong else (0, p)
+        if begin and t < tiles[w] and wg[w][t][MMA_BEGIN]:
+            lead.append(wg[w][t][MMA_BEGIN] - begin)
+    return {"phases": merged, "handoffs": handoffs, "idle": idle, "tiles": len(turns), "lead": lead}
+
+
+def summarize(wg, cta, ctas: int, k_blocks: int | None = None, cycles_per_block: float | None = None,
+              loads=None, pingpong: bool = True) -> dict:
+    """All CTAs: each phase's quartiles over every tile, handoffs, idle tensor time per tile, the
+    producer's lead (loads[c][p]: the producer's clocks of CTA c's p-th tile)."""
+    phase_values: dict[str, list[int]] = {p: [] for p in PHASES}
+    handoffs: list[int] = []
+    lead: list[int] = []
+    idle_per_tile: list[float] = []
+    tiles = 0
+    for c in range(ctas):
+        t = (int(cta[c][TILES0]), int(cta[c][TILES1]))
+        if t == (0, 0):
+            continue
+        s = cta_summary(wg[c], t, loads[c][:int(cta[c][LOADS])] if loads else None, pingpong)
+        for p in PHASES:
+            phase_values[p] += s["phases"][p]
+        handoffs += s["handoffs"]
+        lead += s["lead"]
+        if s["tiles"]:
+            idle_per_tile.append(s["idle"] / s["tiles"])
+        tiles += s["tiles"]
+    out = {"ctas": sum(1 for c in range(ctas) if cta[c][TILES0] or cta[c][TILES1]), "tiles": tiles,
+           "phases": {p: quartiles(v) for p, v in phase_values.items()}, "handoff": quartiles(handoffs),
+           "idle per tile": quartiles(idle_per_tile), "producer lead": quartiles(lead)}
+    if k_blocks:
+        issue = [v / k_blocks for v in phase_values["issue"]]
+        out["issue per k-block"] = quartiles(issue)
+        if cycles_per_block:
+            out["ideal per k-block"] = cycles_per_block
+    return out
+
+
+def report(name: str, s: dict) -> list[str]:
+    lines = [f"{name}: {s['ctas']} CTAs, {s['tiles']} tiles; cycles, median [quartiles]"]
+    rows = [*((p, s["phases"][p]) for p in PHASES), ("handoff", s["handoff"]), ("idle per tile", s["idle per tile"]),
+            ("producer lead", s["producer lead"])]
+    if "issue per k-block" in s:
+        rows.append(("issue per k-block", s["issue per k-block"]))
+    for label, (q1, mid, q3) in rows:
+        lines.append(f"  {label:18s} {mid:10.0f} [{q1:.0f}-{q3:.0f}]")
+    if "ideal per k-block" in s:
+        lines.append(f"  {'peak per k-block':18s} {s['ideal per k-block']:10.0f}")
+    return lines
+
+
+def read(lib) -> tuple[list, list, list, int]:
+    """The trace buffer of a loaded trace=tiles library: (wg[c][w][t][e], loads[c][p][e], cta[c][word], CTAs)."""
+    import numpy as np
+    layout = (ctypes.c_int * 6)()
+    lib.function("epic_trace_layout")(layout)
+    ctas, tiles, events, load_events, words, size = list(layout)
+    buf = np.zeros(size // 8, dtype=np.uint64)
+    rc = lib.function("epic_trace_read")(buf.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(size))
+    if rc != 0:
+        raise RuntimeError(f"epic_trace_read returned {rc}")
+    n_wg = ctas * 2 * tiles * events
+    n_load = ctas * 2 * tiles * load_events
+    wg = buf[:n_wg].reshape(ctas, 2, tiles, events).astype(np.int64).tolist()
+    loads = buf[n_wg:n_wg + n_load].reshape(ctas, 2 * tiles, load_events).astype(np.int64).tolist()
+    cta = buf[n_wg + n_load:n_wg + n_load + ctas * words].reshape(ctas, words).astype(np.int64).tolist()
+    return wg, loads, cta, ctas
+
+
+def k_blocks_of(kernel: str, k: int | None) -> tuple[int | None, float | None]:
+    """(k-blocks per tile, the tensor cores' peak cycles per k-block) from a kernel's name
+    (NAME.ping_128x192x64_c2x1...) and the gemm's K; (None, None) where either is unknown."""
+    m = re.search(r"_(\d+)x(\d+)x(\d+)_c", kernel)
+    if not m or not k:
+        return None, None
+    tm, tn, tk = (int(v) for v in m.groups())
+    return -(-k // tk), 2 * tm * tn * tk / PEAK_FLOPS_PER_CYCLE
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", required=True, help="a workload of bench/bench.py (e.g. plain_gate_up_k1024)")
+    ap.add_argument("--rows", type=int, default=8192)
+    ap.add_argument("--config", default="", help="bench.py's configuration spelling, e.g. ping_128x192x64_c2x1")
+    ap.add_argument("--out", default="", help="write the summaries as JSON here")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch
+    from bench import DIMS, ROOT, WORK, parse_config
+    import epic
+    from epic.runtime import loader
+    if args.work not in WORK:
+        print(f"tile_trace: unknown work {args.work!r} (bench.py's: {', '.join(WORK)})", file=sys.stderr)
+        return 2
+    path, make = WORK[args.work]
+    _, _, inputs = make(args.rows)
+    base = epic.compile(os.path.join(ROOT, path))
+    gemms = [k.name for k in base.program.kernels if k.kind == "gemm"]
+    override = {**(parse_config(args.config) if args.config else {}), "trace": "tiles"}
+    prog = epic.compile(os.path.join(ROOT, path), {g: dict(override) for g in gemms})
+    for _ in range(3):                      # builds, loads, first launches
+        prog(**inputs)
+    torch.cuda.synchronize()
+    traced = [lib for lib in loader.loaded() if lib.function("epic_trace_read")]
+    if not traced:
+        print("tile_trace: no trace=tiles kernel was loaded", file=sys.stderr)
+        return 1
+    for lib in traced:
+        if lib.function("epic_trace_clear")() != 0:
+            print(f"tile_trace: could not clear the trace buffer of {lib.path}", file=sys.stderr)
+            return 1
+    traced_out = prog(**inputs)
+    torch.cuda.synchronize()
+    # the trace only reads clocks: the traced kernels' outputs are the untraced ones', bit for bit
+    plain_out = base(**inputs)
+    same = all(torch.equal(traced_out[n], plain_out[n]) for n in plain_out) if isinstance(plain_out, dict) else None
+    print(f"outputs equal to the untraced kernels' bit for bit: {same}")
+    dims = DIMS.get(args.work, lambda m: {})(args.rows)
+    k = dims.get("K", dims.get("D")) if len(gemms) == 1 else None     # a k-block count only where one gemm
+    summaries = {}
+    for lib in traced:
+        wg, loads, cta, ctas = read(lib)
+        kernel = lib.path.stem                  # NAME.ping_128x192x64_c2x1_tiles: the name says the tile
+        blocks, peak = k_blocks_of(kernel, k)
+        summaries[kernel] = summarize(wg, cta, ctas, blocks, peak, loads, ".ping_" in kernel)
+        print("\n".join(report(kernel, summaries[kernel])))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"work": args.work, "rows": args.rows, "config": args.config, "outputs_equal": same,
+                       "summaries": summaries}, f, indent=1)
+    return 0 if same is not False else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

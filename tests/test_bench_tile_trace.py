@@ -1,0 +1,86 @@
+"""bench/tile_trace.py's reading of a trace=tiles buffer, on a hand-made timeline of one CTA whose two
+warp groups take turns on two tiles each: each phase's length, the handoffs, and the tensor cores'
+idle time (the GPU side runs on the H200 only)."""
+from .conftest import bench_module
+
+# warp group -> tiles -> the 7 event clocks (mma begin, data, issued, retired, epi begin, stored, end)
+TIMELINE = [
+    [[100, 150, 1000, 1200, 1300, 1700, 1800],       # WG0 tile 0
+     [1950, 1960, 2800, 3000, 3050, 3400, 3500]],    # WG0 tile 1: turn wait 150, handoff 50
+    [[1020, 1030, 1900, 2100, 2150, 2500, 2600],     # WG1 tile 0: handoff 20
+     [2830, 3100, 3700, 3900, 3950, 4300, 4400]],    # WG1 tile 1: turn wait 230, 270 waiting for data
+]
+
+
+# the producer's (begin, end) of the CTA's tiles in load order: WG0 t0, WG1 t0, WG0 t1, WG1 t1
+LOADS = [[20, 90], [60, 1000], [900, 1900], [1800, 2700]]
+
+
+def buffer(ctas: int = 3, tiles: int = 4):
+    wg = [[[[0] * 7 for _ in range(tiles)] for _ in range(2)] for _ in range(ctas)]
+    loads = [[[0, 0] for _ in range(2 * tiles)] for _ in range(ctas)]
+    cta = [[0] * 6 for _ in range(ctas)]
+    for w in (0, 1):
+        for t, ev in enumerate(TIMELINE[w]):
+            wg[1][w][t] = list(ev)            # CTA 1 ran; CTAs 0 and 2 recorded nothing
+    loads[1][:4] = [list(v) for v in LOADS]
+    cta[1][3:6] = [2, 2, 4]
+    return wg, loads, cta, ctas
+
+
+def test_one_ctas_phases_handoffs_and_idle_tensor_time():
+    tt = bench_module("tile_trace")
+    wg, loads, cta, _ = buffer()
+    s = tt.cta_summary(wg[1], (2, 2), loads[1][:4])
+    assert s["tiles"] == 4
+    p = s["phases"]
+    assert p["turn wait"] == [150, 230]
+    assert p["data"] == [50, 10, 10, 270]
+    assert p["issue"] == [850, 840, 870, 600]
+    assert p["drain"] == [200, 200, 200, 200]
+    assert p["epi wait"] == [100, 50, 50, 50]
+    assert p["epilogue"] == [400, 350, 350, 350]
+    assert p["store tail"] == [100, 100, 100, 100]
+    assert s["handoffs"] == [20, 50, 30]
+    # busy [150, 1200], [1030, 2100], [1960, 3000], [3100, 3900]: a 100-cycle hole in a 3750-cycle span
+    assert s["idle"] == 100
+    assert s["lead"] == [80, 960, 1050, 1030]     # pingpong: load p is warp group p % 2's tile p // 2
+    assert tt.cta_summary(wg[1], (2, 2), loads[1][:4], pingpong=False)["lead"] == [80, 1890]   # cooperative: load p is tile p
+
+
+def test_the_summary_skips_ctas_that_recorded_nothing_and_reports_per_k_block():
+    tt = bench_module("tile_trace")
+    wg, loads, cta, ctas = buffer()
+    s = tt.summarize(wg, cta, ctas, k_blocks=2, cycles_per_block=400.0, loads=loads)
+    assert (s["ctas"], s["tiles"]) == (1, 4)
+    assert s["phases"]["data"] == (10.0, 30.0, 105.0)     # inclusive quartiles of 10, 10, 50, 270
+    assert s["handoff"] == (25.0, 30.0, 40.0)
+    assert s["idle per tile"] == (25.0, 25.0, 25.0)
+    assert s["issue per k-block"][1] == 422.5
+    assert s["producer lead"][1] == 995.0
+    lines = tt.report("plain", s)
+    assert lines[0] == "plain: 1 CTAs, 4 tiles; cycles, median [quartiles]"
+    assert lines[2].split() == ["data", "30", "[10-105]"]
+    assert lines[-1].split() == ["peak", "per", "k-block", "400"]
+
+
+def test_a_tile_whose_later_phases_were_not_reached_counts_only_those_it_reached():
+    tt = bench_module("tile_trace")
+    cut = [[100, 150, 1000, 0, 0, 0, 0]]      # the kernel was stopped after issuing
+    p = tt.phases(cut)
+    assert p["data"] == [50] and p["issue"] == [850] and p["drain"] == [] and p["epilogue"] == []
+
+
+def test_k_blocks_and_peak_cycles_come_from_the_kernel_name():
+    tt = bench_module("tile_trace")
+    assert tt.k_blocks_of("plain.ping_128x192x64_c2x1_tiles", 1024) == (16, 768.0)
+    assert tt.k_blocks_of("up.coop_256x128x64_c2x1_e128x64_tiles", 4100) == (65, 1024.0)
+    assert tt.k_blocks_of("plain.ping_128x192x64_c2x1_tiles", None) == (None, None)
+    assert tt.k_blocks_of("combine_kernel", 1024) == (None, None)
+
+
+def test_bench_configuration_spelling_of_the_trace():
+    bench = bench_module("bench")
+    assert bench.parse_config("tiles") == {"trace": "tiles"}
+    assert bench.parse_config("ping_128x192x64_c2x1_tiles") == {"schedule": "pingpong", "tile": (128, 192, 64),
+                                                              "cluster": (2, 1), "trace": "tiles"}
