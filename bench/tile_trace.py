@@ -14,7 +14,7 @@ run, whose outputs are checked against the untraced program's, bit for bit (exit
   drain       until every k-block has retired
   epi wait    until its epilogue's turn; epilogue: until its stores are issued; store tail: until they
               have read shared memory
-  handoff     from one warp group's mma() returning to the other's mma() entered, tile after tile
+  handoff     from one warp group's mma() returning to the other's mma() entered, tile after tile (pingpong)
   tensor idle per tile: the CTA's span minus the union of its [data, drain] intervals, over its tiles
   producer lead  from the producer starting a tile's loads to that tile's turn on the tensor cores
 The trace costs a few instructions per phase; time the traced kernel beside the untraced one
@@ -73,7 +73,8 @@ def cta_summary(wg: list[list[list[int]]], tiles: tuple[int, int], loads: list[l
     merged = {p: per[0][p] + per[1][p] for p in PHASES}
     # the CTA's tiles in the order they took the tensor cores
     turns = sorted((ev[MMA_BEGIN], ev) for w in (0, 1) for ev in wg[w][:tiles[w]] if ev[MMA_BEGIN])
-    handoffs = [b[MMA_BEGIN] - a[ISSUED] for (_, a), (_, b) in zip(turns, turns[1:]) if a[ISSUED]]
+    # pingpong's warp groups take turns; the cooperative schedule's work on one tile together
+    handoffs = [b[MMA_BEGIN] - a[ISSUED] for (_, a), (_, b) in zip(turns, turns[1:]) if a[ISSUED]] if pingpong else []
     busy = sorted((ev[DATA], ev[RETIRED]) for _, ev in turns if ev[DATA] and ev[RETIRED])
     covered, end = 0, None
     for lo, hi in busy:

@@ -45,7 +45,9 @@ def test_one_ctas_phases_handoffs_and_idle_tensor_time():
     # busy [150, 1200], [1030, 2100], [1960, 3000], [3100, 3900]: a 100-cycle hole in a 3750-cycle span
     assert s["idle"] == 100
     assert s["lead"] == [80, 960, 1050, 1030]     # pingpong: load p is warp group p % 2's tile p // 2
-    assert tt.cta_summary(wg[1], (2, 2), loads[1][:4], pingpong=False)["lead"] == [80, 1890]   # cooperative: load p is tile p
+    cooperative = tt.cta_summary(wg[1], (2, 2), loads[1][:4], pingpong=False)
+    assert cooperative["lead"] == [80, 1890]        # cooperative: load p is tile p of both warp groups
+    assert cooperative["handoffs"] == [] and cooperative["idle"] == 100
 
 
 def test_the_summary_skips_ctas_that_recorded_nothing_and_reports_per_k_block():
