@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
                      if variant else None)
         configs = emit.kernel_configs(prog.program, sizes["M"], overrides, sizes)
         units += [u for _, u in emit.units(prog.program, configs)]
+    if not only or "bench/programs/plain.epi" in only:
+        from . import test_gpu_tile_trace
+        units += test_gpu_tile_trace.units()
     if training:
         from . import test_gpu_autograd, test_gpu_grad, test_gpu_vendor_gemm
         units += test_gpu_grad.units() + test_gpu_autograd.units() + test_gpu_vendor_gemm.units()
