@@ -273,6 +273,21 @@ for _w in ("parts_z", "parts_gamma", "parts_two_outs", "parts_row_stat", "parts_
 SCHEDULES = {"coop": "cooperative", "ping": "pingpong", "pp": "pingpong"}
 
 
+def allow_tile_widths(text: str) -> tuple[int, ...]:
+    """Let this process configure tiles of these widths too ('176,208': multiples of 16 up to 256), beside
+    the ones epic accepts: to time widths whose tile count fits the 132 SMs' rounds better before epic
+    takes them (a width epic does not list has not been checked on a GPU). Returns epic's widths now."""
+    from epic.ir import options as vocab
+    try:
+        widths = {int(w) for w in text.split(",") if w}
+    except ValueError:
+        widths = {0}
+    if any(w % 16 or not 64 <= w <= 256 for w in widths):
+        raise SystemExit(f"--tile-widths takes multiples of 16 from 64 to 256, comma-separated (got {text!r})")
+    vocab.TILE_N = tuple(sorted(set(vocab.TILE_N) | widths))
+    return vocab.TILE_N
+
+
 def parse_config(key: str) -> dict:
     """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold][_tiles]' -> {'schedule': 'cooperative',
     'tile': (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler swizzle, raster

@@ -48,7 +48,7 @@ import epic  # noqa: E402
 from epic.runtime import fastcall  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import ROOT, WORK, graphed, parse_config  # noqa: E402
+from bench import ROOT, WORK, allow_tile_widths, graphed, parse_config  # noqa: E402
 from profiling import l2_flush  # noqa: E402
 
 
@@ -208,7 +208,11 @@ def main() -> int:
     ap.add_argument("--flush", choices=("write", "read"), default="write",
                     help="flush L2 by writing (dirty lines, the default) or reading a 256 MB buffer")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "interleaved.json"))
+    ap.add_argument("--tile-widths", default="", help="also tiles of these widths in --configs (bench.py's "
+                    "allow_tile_widths: not checked on a GPU by epic's tests), e.g. 176,208")
     args = ap.parse_args()
+    if args.tile_widths:
+        allow_tile_widths(args.tile_widths)
     configs = [c for c in args.configs.split(",") if c]
     print(torch.__version__, torch.cuda.get_device_name(), time.strftime("%Y-%m-%d"), flush=True)
     fastcall.library()      # built before any call: calls take the ctypes path while it builds

@@ -12,7 +12,7 @@ from epic.diagnostics import EpicError  # noqa: E402
 from epic.runtime import build, fastcall  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import DIMS, ROOT, WORK, parse_config  # noqa: E402
+from bench import DIMS, ROOT, WORK, allow_tile_widths, parse_config  # noqa: E402
 
 
 def main() -> int:
@@ -20,7 +20,10 @@ def main() -> int:
     ap.add_argument("--configs", default="")
     ap.add_argument("--work", default=",".join(WORK))
     ap.add_argument("--rows", default="8192,64")
+    ap.add_argument("--tile-widths", default="", help="also tiles of these widths (bench.py's allow_tile_widths)")
     args = ap.parse_args()
+    if args.tile_widths:
+        allow_tile_widths(args.tile_widths)
     units = {}
     for name in args.work.split(","):
         prog = epic.compile(os.path.join(ROOT, WORK[name][0]))

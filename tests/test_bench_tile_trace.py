@@ -80,9 +80,3 @@ def test_k_blocks_and_peak_cycles_come_from_the_kernel_name():
     assert tt.k_blocks_of("plain.ping_128x192x64_c2x1_tiles", None) == (None, None)
     assert tt.k_blocks_of("combine_kernel", 1024) == (None, None)
 
-
-def test_bench_configuration_spelling_of_the_trace():
-    bench = bench_module("bench")
-    assert bench.parse_config("tiles") == {"trace": "tiles"}
-    assert bench.parse_config("ping_128x192x64_c2x1_tiles") == {"schedule": "pingpong", "tile": (128, 192, 64),
-                                                              "cluster": (2, 1), "trace": "tiles"}

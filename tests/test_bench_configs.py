@@ -1,0 +1,25 @@
+"""bench/bench.py's spelling of kernel configurations (parse_config) and the tile widths a bench
+process may allow beside epic's (allow_tile_widths), which bench/interleaved.py and bench/prebuild.py
+take as --tile-widths."""
+import pytest
+
+from .conftest import bench_module
+
+
+def test_bench_configuration_spelling_of_the_trace():
+    bench = bench_module("bench")
+    assert bench.parse_config("tiles") == {"trace": "tiles"}
+    assert bench.parse_config("ping_128x192x64_c2x1_tiles") == {"schedule": "pingpong", "tile": (128, 192, 64),
+                                                              "cluster": (2, 1), "trace": "tiles"}
+
+
+def test_bench_scripts_can_allow_tile_widths_epic_does_not_list_yet(monkeypatch):
+    from epic.ir import options as vocab
+    monkeypatch.setattr(vocab, "TILE_N", vocab.TILE_N)       # restored after the test
+    bench = bench_module("bench")
+    assert vocab.value_problem("tile", (128, 176, 64)) is not None
+    assert bench.allow_tile_widths("176,208") == (64, 128, 176, 192, 208, 256)
+    assert vocab.value_problem("tile", (128, 176, 64)) is None
+    for bad in ("100", "272", "x"):
+        with pytest.raises(SystemExit, match="multiples of 16 from 64 to 256"):
+            bench.allow_tile_widths(bad)
