@@ -17,6 +17,9 @@ run, whose outputs are checked against the untraced program's, bit for bit (exit
   handoff     from one warp group's mma() returning to the other's mma() entered, tile after tile (pingpong)
   tensor idle per tile: the CTA's span minus the union of its [data, drain] intervals, over its tiles
   producer lead  from the producer starting a tile's loads to that tile's turn on the tensor cores
+Across CTAs (the GPU's global timer, in us): the kernel's span from the first CTA's first tile to the
+last CTA's last epilogue, how far apart the CTAs finish, and the share of the span the average CTA sits
+idle after its last tile (a static persistent kernel's last round, when the tiles do not fill it).
 The trace costs a few instructions per phase; time the traced kernel beside the untraced one
 (bench/interleaved.py) before reading small differences into it.
 """
@@ -33,7 +36,7 @@ import sys
 # the buffer's events (tile_trace.hpp)
 MMA_BEGIN, DATA, ISSUED, RETIRED, EPI_BEGIN, EPI_STORED, EPI_END = range(7)
 LOAD_BEGIN, LOAD_END = range(2)
-SMID, GLOBAL_NS, CLOCK, TILES0, TILES1, LOADS = range(6)
+SMID, GLOBAL_NS, CLOCK, TILES0, TILES1, LOADS, LAST_NS, LAST_CLOCK = range(8)
 PHASES = ("turn wait", "data", "issue", "drain", "epi wait", "epilogue", "store tail")
 PEAK_FLOPS_PER_CYCLE = 4096     # dense bf16 per SM per cycle on Hopper (989 TFLOPS, 132 SMs, 1.83 GHz)
 
@@ -94,6 +97,20 @@ def cta_summary(wg: list[list[list[int]]], tiles: tuple[int, int], loads: list[l
     return {"phases": merged, "handoffs": handoffs, "idle": idle, "tiles": len(turns), "lead": lead}
 
 
+def across_ctas(cta, ctas: int) -> dict:
+    """From each CTA's global-timer readings (its first tile, its last epilogue): the kernel's span, how
+    far apart the CTAs finish, and the average share of the span a CTA sits idle after its last tile."""
+    ran = [c for c in range(ctas) if (cta[c][TILES0] or cta[c][TILES1]) and cta[c][GLOBAL_NS] and cta[c][LAST_NS]]
+    if not ran:
+        return {}
+    ends = [cta[c][LAST_NS] for c in ran]
+    span = max(ends) - min(cta[c][GLOBAL_NS] for c in ran)
+    tiles = [cta[c][TILES0] + cta[c][TILES1] for c in ran]
+    return {"span us": span / 1e3, "end spread us": (max(ends) - min(ends)) / 1e3,
+            "tail share": sum(max(ends) - e for e in ends) / len(ends) / span if span > 0 else 0.0,
+            "tiles per CTA": (min(tiles), max(tiles))}
+
+
 def summarize(wg, cta, ctas: int, k_blocks: int | None = None, cycles_per_block: float | None = None,
               loads=None, pingpong: bool = True) -> dict:
     """All CTAs: each phase's quartiles over every tile, handoffs, idle tensor time per tile, the
@@ -116,6 +133,7 @@ def summarize(wg, cta, ctas: int, k_blocks: int | None = None, cycles_per_block:
             idle_per_tile.append(s["idle"] / s["tiles"])
         tiles += s["tiles"]
     out = {"ctas": sum(1 for c in range(ctas) if cta[c][TILES0] or cta[c][TILES1]), "tiles": tiles,
+           "across CTAs": across_ctas(cta, ctas),
            "phases": {p: quartiles(v) for p, v in phase_values.items()}, "handoff": quartiles(handoffs),
            "idle per tile": quartiles(idle_per_tile), "producer lead": quartiles(lead)}
     if k_blocks:
@@ -136,6 +154,11 @@ def report(name: str, s: dict) -> list[str]:
         lines.append(f"  {label:18s} {mid:10.0f} [{q1:.0f}-{q3:.0f}]")
     if "ideal per k-block" in s:
         lines.append(f"  {'peak per k-block':18s} {s['ideal per k-block']:10.0f}")
+    a = s.get("across CTAs")
+    if a:
+        lines.append(f"  across CTAs: span {a['span us']:.1f} us, ends {a['end spread us']:.1f} us apart, "
+                     f"idle after the last tile {a['tail share']:.1%} of the span on average, "
+                     f"{a['tiles per CTA'][0]}-{a['tiles per CTA'][1]} tiles per CTA")
     return lines
 
 

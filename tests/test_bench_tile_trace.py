@@ -19,12 +19,12 @@ LOADS = [[20, 90], [60, 1000], [900, 1900], [1800, 2700]]
 def buffer(ctas: int = 3, tiles: int = 4):
     wg = [[[[0] * 7 for _ in range(tiles)] for _ in range(2)] for _ in range(ctas)]
     loads = [[[0, 0] for _ in range(2 * tiles)] for _ in range(ctas)]
-    cta = [[0] * 6 for _ in range(ctas)]
+    cta = [[0] * 8 for _ in range(ctas)]
     for w in (0, 1):
         for t, ev in enumerate(TIMELINE[w]):
             wg[1][w][t] = list(ev)            # CTA 1 ran; CTAs 0 and 2 recorded nothing
     loads[1][:4] = [list(v) for v in LOADS]
-    cta[1][3:6] = [2, 2, 4]
+    cta[1][1:8] = [5_000, 100, 2, 2, 4, 9_000, 4_300]      # global ns at its first tile and its last epilogue
     return wg, loads, cta, ctas
 
 
@@ -63,7 +63,7 @@ def test_the_summary_skips_ctas_that_recorded_nothing_and_reports_per_k_block():
     lines = tt.report("plain", s)
     assert lines[0] == "plain: 1 CTAs, 4 tiles; cycles, median [quartiles]"
     assert lines[2].split() == ["data", "30", "[10-105]"]
-    assert lines[-1].split() == ["peak", "per", "k-block", "400"]
+    assert lines[-2].split() == ["peak", "per", "k-block", "400"]
 
 
 def test_a_tile_whose_later_phases_were_not_reached_counts_only_those_it_reached():
@@ -80,3 +80,17 @@ def test_k_blocks_and_peak_cycles_come_from_the_kernel_name():
     assert tt.k_blocks_of("plain.ping_128x192x64_c2x1_tiles", None) == (None, None)
     assert tt.k_blocks_of("combine_kernel", 1024) == (None, None)
 
+
+
+def test_across_ctas_the_span_the_spread_of_their_ends_and_the_idle_tail():
+    tt = bench_module("tile_trace")
+    wg, loads, cta, ctas = buffer()
+    assert tt.across_ctas(cta, ctas) == {"span us": 4.0, "end spread us": 0.0, "tail share": 0.0,
+                                         "tiles per CTA": (4, 4)}
+    cta[2][1:8] = [5_400, 100, 1, 2, 3, 7_000, 3_000]          # a CTA of 3 tiles, done 2 us before the other
+    a = tt.across_ctas(cta, ctas)
+    assert (a["span us"], a["end spread us"], a["tiles per CTA"]) == (4.0, 2.0, (3, 4))
+    assert a["tail share"] == 0.25                              # (0 + 2 us) / 2 CTAs / 4 us
+    assert tt.report("k", tt.summarize(wg, cta, ctas))[-1] == (
+        "  across CTAs: span 4.0 us, ends 2.0 us apart, idle after the last tile 25.0% of the span on average, "
+        "3-4 tiles per CTA")

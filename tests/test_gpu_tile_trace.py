@@ -61,3 +61,5 @@ def test_a_traced_gemm_computes_the_same_and_records_every_tile_in_phase_order()
             assert all(b and e >= b for b, e in loads[c][:cta[c][tt.LOADS]])
     s = tt.summarize(wg, cta, ctas, *tt.k_blocks_of(lib.path.stem, K), loads=loads)
     assert s["tiles"] == tiles_m * tiles_n and s["handoff"][1] >= 0
+    a = s["across CTAs"]
+    assert a["span us"] > 0 and 0 <= a["tail share"] < 1 and a["end spread us"] <= a["span us"]

@@ -32,9 +32,13 @@ enum Event : int {
 };
 // the producer's loads of one tile (in the order the CTA runs its tiles)
 enum LoadEvent : int { kLoadBegin = 0, kLoadEnd = 1, kLoadEvents = 2 };
-// per CTA: the SM it ran on, globaltimer (ns) and clock64 read together at its first tile, tiles
-// seen per consumer warp group, tiles the producer loaded
-enum CtaWord : int { kSmid = 0, kGlobalNs = 1, kClock = 2, kTiles0 = 3, kTiles1 = 4, kLoads = 5, kCtaWords = 6 };
+// per CTA: the SM it ran on, globaltimer (ns) and clock64 read together at its first tile and again at
+// each epilogue's end (the last one stays: when the CTA finished), tiles seen per consumer warp group,
+// tiles the producer loaded
+enum CtaWord : int {
+  kSmid = 0, kGlobalNs = 1, kClock = 2, kTiles0 = 3, kTiles1 = 4, kLoads = 5, kLastNs = 6, kLastClock = 7,
+  kCtaWords = 8
+};
 
 struct Buffer {
   unsigned long long wg[kCtas][2][kTiles][kWgEvents];
@@ -67,6 +71,12 @@ CUTLASS_DEVICE void consumer_event(int tile, int event) {
     g_buffer.cta[c][kClock] = now;
   }
   if (event == kRetired) g_buffer.cta[c][kTiles0 + wg] = (unsigned long long)(tile + 1);
+  if (event == kEpiStored) {
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    g_buffer.cta[c][kLastNs] = ns;
+    g_buffer.cta[c][kLastClock] = now;
+  }
 }
 
 // thread 0 of the CTA: the producer warp's first lane
