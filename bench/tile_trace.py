@@ -106,9 +106,12 @@ def across_ctas(cta, ctas: int) -> dict:
     ends = [cta[c][LAST_NS] for c in ran]
     span = max(ends) - min(cta[c][GLOBAL_NS] for c in ran)
     tiles = [cta[c][TILES0] + cta[c][TILES1] for c in ran]
+    # each SM's clock rate over the CTA's run: its clock64 and the global timer read together twice
+    rates = [(cta[c][LAST_CLOCK] - cta[c][CLOCK]) / (cta[c][LAST_NS] - cta[c][GLOBAL_NS]) for c in ran
+             if cta[c][LAST_NS] > cta[c][GLOBAL_NS]]
     return {"span us": span / 1e3, "end spread us": (max(ends) - min(ends)) / 1e3,
             "tail share": sum(max(ends) - e for e in ends) / len(ends) / span if span > 0 else 0.0,
-            "tiles per CTA": (min(tiles), max(tiles))}
+            "tiles per CTA": (min(tiles), max(tiles)), "clock GHz": statistics.median(rates) if rates else None}
 
 
 def summarize(wg, cta, ctas: int, k_blocks: int | None = None, cycles_per_block: float | None = None,
@@ -158,7 +161,8 @@ def report(name: str, s: dict) -> list[str]:
     if a:
         lines.append(f"  across CTAs: span {a['span us']:.1f} us, ends {a['end spread us']:.1f} us apart, "
                      f"idle after the last tile {a['tail share']:.1%} of the span on average, "
-                     f"{a['tiles per CTA'][0]}-{a['tiles per CTA'][1]} tiles per CTA")
+                     f"{a['tiles per CTA'][0]}-{a['tiles per CTA'][1]} tiles per CTA"
+                     + (f", SM clock {a['clock GHz']:.2f} GHz" if a.get("clock GHz") else ""))
     return lines
 
 

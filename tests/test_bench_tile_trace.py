@@ -86,11 +86,12 @@ def test_across_ctas_the_span_the_spread_of_their_ends_and_the_idle_tail():
     tt = bench_module("tile_trace")
     wg, loads, cta, ctas = buffer()
     assert tt.across_ctas(cta, ctas) == {"span us": 4.0, "end spread us": 0.0, "tail share": 0.0,
-                                         "tiles per CTA": (4, 4)}
+                                         "tiles per CTA": (4, 4), "clock GHz": 1.05}   # 4200 cycles in 4 us
     cta[2][1:8] = [5_400, 100, 1, 2, 3, 7_000, 3_000]          # a CTA of 3 tiles, done 2 us before the other
     a = tt.across_ctas(cta, ctas)
     assert (a["span us"], a["end spread us"], a["tiles per CTA"]) == (4.0, 2.0, (3, 4))
+    assert a["clock GHz"] == (1.05 + 1.8125) / 2              # the other SM: 2900 cycles in 1.6 us
     assert a["tail share"] == 0.25                              # (0 + 2 us) / 2 CTAs / 4 us
     assert tt.report("k", tt.summarize(wg, cta, ctas))[-1] == (
         "  across CTAs: span 4.0 us, ends 2.0 us apart, idle after the last tile 25.0% of the span on average, "
-        "3-4 tiles per CTA")
+        "3-4 tiles per CTA, SM clock 1.43 GHz")
