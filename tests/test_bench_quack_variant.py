@@ -130,14 +130,21 @@ def test_without_quack_both_scripts_say_so_in_one_line(tmp_path):
         assert out.returncode == 2 and out.stderr.startswith("usage: quack_variants_ab.py --variant"), args
 
 
+def fake_copies(root, *names):
+    """Packages named like copies of QuACK, with the functions the A/B script takes from them; returns
+    the folder to put on PYTHONPATH."""
+    for name in names:
+        for mod in ("gemm_interface", "linear_cross_entropy", "epilogue/library", "epilogue/rotary"):
+            (root / name / mod).parent.mkdir(parents=True, exist_ok=True)
+            (root / name / f"{mod}.py").write_text(
+                "gemm = gemm_act = gemm_rms = gemm_norm_act = chunked_linear_cross_entropy = None\n"
+                "lse_target_epi = rope_posfreq_epi = make_interleaved_inv_freq = None\n")
+    return root
+
+
 def ab_missing_harness(tmp_path):
     """quack_variants_ab's answer to a harness path with nothing there, the variant importable (faked)."""
-    fake = tmp_path / "fakevariant"
-    for mod in ("gemm_interface", "linear_cross_entropy", "epilogue/library", "epilogue/rotary"):
-        (fake / "quack_ev" / mod).parent.mkdir(parents=True, exist_ok=True)
-        (fake / "quack_ev" / f"{mod}.py").write_text(
-            "gemm = gemm_act = gemm_rms = gemm_norm_act = chunked_linear_cross_entropy = None\n"
-            "lse_target_epi = rope_posfreq_epi = make_interleaved_inv_freq = None\n")
+    fake = fake_copies(tmp_path / "fakevariant", "quack_ev")
     out = subprocess.run([sys.executable, "-S", str(ROOT / "bench" / "quack_variants_ab.py"), "--variant",
                           "quack_ev:evn", "--harness", str(tmp_path / "h.py")], capture_output=True, text=True,
                          env={"PYTHONPATH": str(fake)})
@@ -163,12 +170,7 @@ def test_the_ab_script_times_each_quack_candidate_once_per_copy_under_its_label(
 
 
 def test_the_ab_script_hands_the_harness_its_arguments_and_the_variants_candidates(tmp_path):
-    ab_missing_harness(tmp_path)                        # writes the fake copy under tmp_path/fakevariant
-    (tmp_path / "fakevariant" / "quack_lin").mkdir()
-    for f in (tmp_path / "fakevariant" / "quack_ev").rglob("*.py"):
-        dst = tmp_path / "fakevariant" / "quack_lin" / f.relative_to(tmp_path / "fakevariant" / "quack_ev")
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_text(f.read_text())
+    fake = fake_copies(tmp_path / "fakevariant", "quack_ev", "quack_lin")
     harness = tmp_path / "harness.py"
     harness.write_text(
         "import sys, types\n"
@@ -182,6 +184,6 @@ def test_the_ab_script_hands_the_harness_its_arguments_and_the_variants_candidat
     out = subprocess.run([sys.executable, "-S", str(ROOT / "bench" / "quack_variants_ab.py"), "--work", "plain",
                           "--variant", "quack_ev:evn", "--harness", str(harness), "--variant", "quack_lin",
                           "--rows", "8192"], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(tmp_path / "fakevariant")})
+                         env={"PYTHONPATH": str(fake)})
     assert out.returncode == 3, out.stderr
     assert out.stdout.splitlines() == ["--work plain --rows 8192", "quack quack-evn quack-lin"]
