@@ -85,6 +85,18 @@ SPLIT_CASES = [(name, (77, 392, 200)) for name in PROGRAMS if name not in NO_SPL
     [(name, (8191, 392, 200)) for name in ("samples/residual_rmsnorm.epi", "samples/fp8_block_quant.epi",
                                            "samples/qk_norm_rope.epi", "samples/prenorm_mlp.epi")]
 
+# tile_order=serpentine (every odd group of the tile order walked backwards) on every gemm, at sizes
+# with several groups: at 8191 x 392 (128x128 tiles, cluster 2x1, along N) eight groups of 8 rows of
+# tiles each walk 4 columns; at 333 x 2304 (128x192, along M, swizzle 2) six groups of 2 columns each
+# walk 2 clusters of rows;
+# with extra options (combine=fold: the last CTA of a row block merges it, whichever finishes last)
+SERPENTINE_CASES = [("samples/residual_rmsnorm.epi", (8191, 392, 200), {}),
+                    ("samples/residual_rmsnorm.epi", (8191, 392, 200), {"combine": "fold"}),
+                    ("samples/bias_gelu.epi", (8191, 392, 200), {}),
+                    ("samples/bias_gelu.epi", (333, 2304, 136), {"swizzle": 2}),
+                    ("samples/cross_entropy.epi", (8191, 392, 200), {}),
+                    ("samples/fp8_block_quant.epi", (8191, 392, 200), {}),
+                    ("samples/prenorm_mlp.epi", (8191, 392, 200), {})]
 
 # Sizes GPU tests use besides SIZES, as (program, sizes): tests/prebuild.py builds their kernels too
 XENT_SIZES = [(64, 128256), (333, 50304), (8, 1000)]      # (M, V) of test_cross_entropy_without_logits, D = 256
@@ -170,6 +182,10 @@ CLUSTER_1X2_CASE = ("samples/residual_rmsnorm.epi", (1000, 1352, 200))
 
 def cluster_1x2_config(program) -> dict:
     return {k.name: {"cluster": (1, 2)} for k in program.kernels if k.kind == "gemm"}
+
+
+def serpentine_config(program, extra: dict) -> dict:
+    return {k.name: {"tile_order": "serpentine", **extra} for k in program.kernels if k.kind == "gemm"}
 
 
 def fold_config(program) -> dict:

@@ -6,9 +6,11 @@ import pytest
 from .conftest import bench_module
 
 
-def test_bench_configuration_spelling_of_the_trace():
+def test_bench_configuration_spelling_of_the_trace_and_the_tile_order():
     bench = bench_module("bench")
     assert bench.parse_config("tiles") == {"trace": "tiles"}
+    assert bench.parse_config("serp") == {"tile_order": "serpentine"}
+    assert bench.parse_config("rn_s8_serp") == {"raster": "n", "swizzle": 8, "tile_order": "serpentine"}
     assert bench.parse_config("ping_128x192x64_c2x1_tiles") == {"schedule": "pingpong", "tile": (128, 192, 64),
                                                               "cluster": (2, 1), "trace": "tiles"}
 

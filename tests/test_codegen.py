@@ -445,14 +445,7 @@ def test_nvcc_builds_generated_kernels(tmp_path, monkeypatch):
 def test_nvcc_builds_a_traced_kernel_whose_buffer_layout_the_bench_reads(tmp_path, monkeypatch):
     """trace=tiles compiles with CUTLASS's pingpong kernel, exports its buffer's readers, and says the
     buffer's shape that bench/tile_trace.py slices it by (the layout call needs no GPU)."""
-    if not build.shutil.which("nvcc"):
-        pytest.skip("nvcc not installed")
-    monkeypatch.setenv("EPIC_CACHE_DIR", str(tmp_path))
-    prog = pipeline.analyze(str(ROOT / "bench" / "programs" / "plain.epi")).program
-    cfgs = emit.kernel_configs(prog, 8192, {"plain": {"trace": "tiles"}}, dict(M=8192, K=1024, N=28672))
-    [(spec, unit)] = emit.units(prog, cfgs)
-    [path] = build.build_all([unit], quiet=True)
-    lib = loader.load(path, [f"{x.role}:{x.tensor}" for x in spec.pointers])
+    _, lib = _build_plain(tmp_path, monkeypatch, {"trace": "tiles"}, dict(M=8192, K=1024, N=28672))
     layout = (ctypes.c_int * 6)()
     assert lib.function("epic_trace_layout")(layout) == 0
     ctas, tiles, events, load_events, words, size = list(layout)
@@ -460,6 +453,26 @@ def test_nvcc_builds_a_traced_kernel_whose_buffer_layout_the_bench_reads(tmp_pat
     assert size == 8 * (ctas * 2 * tiles * events + ctas * 2 * tiles * load_events + ctas * words)
     assert lib.function("epic_trace_read") is not None and lib.function("epic_trace_clear") is not None
     assert lib.function("epic_trace_nothing") is None
+
+
+@pytest.mark.nvcc
+def test_nvcc_builds_a_serpentine_kernel(tmp_path, monkeypatch):
+    """tile_order=serpentine's scheduler compiles with CUTLASS's pingpong kernel (it hides the base
+    scheduler's tile getters) and the library loads with the default kernel's C ABI."""
+    spec, lib = _build_plain(tmp_path, monkeypatch, {"tile_order": "serpentine"}, dict(M=8192, K=4096, N=14336))
+    assert lib.info["kernel"] == spec.name and lib.info["config"] == "ping_128x192x64_c2x1_serp"
+
+
+def _build_plain(tmp_path, monkeypatch, options: dict, sizes: dict):
+    """The identity-epilogue gemm (bench/programs/plain.epi) with these kernel options, built by nvcc
+    into a fresh cache and loaded: (its spec, its library). Skips where nvcc is missing."""
+    if not build.shutil.which("nvcc"):
+        pytest.skip("nvcc not installed")
+    monkeypatch.setenv("EPIC_CACHE_DIR", str(tmp_path))
+    prog = pipeline.analyze(str(ROOT / "bench" / "programs" / "plain.epi")).program
+    [(spec, unit)] = emit.units(prog, emit.kernel_configs(prog, sizes["M"], {"plain": options}, sizes))
+    [path] = build.build_all([unit], quiet=True)
+    return spec, loader.load(path, [f"{x.role}:{x.tensor}" for x in spec.pointers])
 
 
 def _has_gpu() -> bool:

@@ -26,8 +26,9 @@ from epic import dtypes, reference
 from epic.diagnostics import EpicError
 
 from .gpu_cases import (CLUSTER_1X2_CASE, DEPENDENT_FIRST_CASES, DETERMINISM_CASES, HF_BLOCK_CASE, MEMCHECK_CASES,
-                        PROGRAMS, QUANT_SIZES, SIZES, SPLIT_CASES, TORCH_COMPILE_CASE, XENT_D, XENT_SIZES,
-                        cluster_1x2_config, fold_config, folds, make_inputs, path, split_k_config, to_device)
+                        PROGRAMS, QUANT_SIZES, SERPENTINE_CASES, SIZES, SPLIT_CASES, TORCH_COMPILE_CASE, XENT_D,
+                        XENT_SIZES, cluster_1x2_config, fold_config, folds, make_inputs, path, serpentine_config,
+                        split_k_config, to_device)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (see docs/GPU.md)")]
@@ -182,6 +183,26 @@ def test_a_1x2_clusters_swizzle_covers_every_tile(swizzle, raster):
                                             for g, c in cluster_1x2_config(compiled(name).program).items()})
     assert all(c.cluster == (1, 2) for c in prog.plan(PROGRAMS[name](*size)).configs.values())
     _check_against_reference(prog, name, size)
+
+
+@pytest.mark.parametrize("name, size, extra", SERPENTINE_CASES,
+                         ids=[f"{n}-{'x'.join(map(str, s))}" + "".join(f"-{k}={v}" for k, v in e.items())
+                              for n, s, e in SERPENTINE_CASES])
+def test_serpentine_tile_order_matches_reference_and_the_linear_order_bit_for_bit(name, size, extra):
+    """tile_order=serpentine hands the CTAs the same tiles in another order: within the reference's
+    tolerance, and (each tile computed the same way) the same bytes as the linear order's kernels."""
+    prog = epic.compile(path(name), config=serpentine_config(compiled(name).program, extra))
+    sizes = PROGRAMS[name](*size)
+    assert all(c.tile_order == "serpentine" for c in prog.plan(sizes).configs.values())
+    out = _check_against_reference(prog, name, size)
+    linear = epic.compile(path(name), config={k: {**v, "tile_order": "linear"}
+                                               for k, v in serpentine_config(compiled(name).program, extra).items()})
+    want = linear(poison=True, keep=True, **to_device(prog.program, make_inputs(prog.analysis.source_program, sizes,
+                                                                                 seed_of(name, size))))
+    torch.cuda.synchronize()
+    for t, x in out.items():
+        assert torch.equal(x.reshape(-1).view(torch.uint8), want[t].reshape(-1).view(torch.uint8)), \
+            f"{name}: {t} differs from the linear order's"
 
 
 _FOLDED = {}

@@ -41,6 +41,15 @@ def test_candidates_are_legal_distinct_and_start_with_the_heuristic(path, sizes)
         assert plan.configs[k.name] == cfg
 
 
+def test_an_override_recreates_a_serpentine_configuration():
+    """A tuning entry of a kernel with tile_order=serpentine plans that kernel again, not the linear one."""
+    prog, k = gemm(str(ROOT / "samples" / "bias_gelu.epi"))
+    sizes = dict(M=8192, K=4096, N=14336)
+    cfg = config_mod.choose(k, 8192, {"tile_order": "serpentine"}, prog.program.tensors, 14336)
+    assert cfg.tile_order == "serpentine" and space.override(cfg)["tile_order"] == "serpentine"
+    assert planner.make_plan(prog.program, sizes, {k.name: space.override(cfg)}).configs[k.name] == cfg
+
+
 def test_the_best_two_are_also_tried_with_the_other_swizzle_and_raster_orders():
     prog, k = gemm(str(ROOT / "samples" / "bias_gelu.epi"))
     found = space.candidates(k, prog.program.tensors, 8192, 14336, limit=3)

@@ -70,8 +70,13 @@ class KernelSpec:
     def tile_scheduler(self) -> str:
         """The kernel's tile scheduler: the stream-K one (in split-K mode) where the plan splits K, else
         CUTLASS's persistent one with a swizzle that pads only the dimension it groups
-        (templates/nodes/epic_nodes/grouped_tile_scheduler.hpp)."""
-        return "cutlass::gemm::StreamKScheduler" if self.config.split_k else "epic_scheduler::GroupedPersistentScheduler"
+        (templates/nodes/epic_nodes/grouped_tile_scheduler.hpp), in serpentine order where asked
+        (serpentine_tile_scheduler.hpp)."""
+        if self.config.split_k:
+            return "cutlass::gemm::StreamKScheduler"
+        if self.config.tile_order == "serpentine":
+            return "epic_scheduler::SerpentinePersistentScheduler"
+        return "epic_scheduler::GroupedPersistentScheduler"
 
     @property
     def scheduler_headers(self) -> list[str]:
@@ -80,7 +85,8 @@ class KernelSpec:
         if self.config.split_k:
             return []
         return (["epic_nodes/grouped_tile_scheduler.hpp", "epic_nodes/l2_prefetch_mainloop.hpp"]
-                + (["epic_nodes/tile_trace.hpp"] if self.config.trace == "tiles" else []))
+                + (["epic_nodes/tile_trace.hpp"] if self.config.trace == "tiles" else [])
+                + (["epic_nodes/serpentine_tile_scheduler.hpp"] if self.config.tile_order == "serpentine" else []))
 
 
 class Builder:

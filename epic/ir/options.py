@@ -19,6 +19,11 @@ SPLITS = (1, 2, 3, 4, 6, 8)
 # trace=tiles: each warp group's phases of each tile, timed in the kernel (templates/nodes/epic_nodes/
 # tile_trace.hpp, bench/tile_trace.py); a diagnostic build, never chosen by the heuristic or the tuner
 TRACES = ("off", "tiles")
+# the order a persistent kernel's CTAs take their tiles in: CUTLASS's (groups of `swizzle` clusters, each
+# walked along the other dimension), or serpentine, every odd group walked backwards so that a group
+# starts where the one before ended, on operands still in L2 (as QuACK's sm90 scheduler;
+# templates/nodes/epic_nodes/serpentine_tile_scheduler.hpp). Built into the kernel.
+TILE_ORDERS = ("linear", "serpentine")
 TILE_M = (64, 128, 256)
 TILE_N = (64, 128, 192, 256)
 TILE_K = (64, 128)
@@ -29,7 +34,7 @@ SIZE_OPTIONS = {"tile": ((2, 3), "128x128x64"), "cluster": ((2,), "2x1"), "epi_t
 # options chosen from a set: name -> the spellings
 CHOICE_OPTIONS = {"backend": BACKENDS, "schedule": SCHEDULES, "aux_load": AUX_LOADS, "raster": RASTERS, "combine": COMBINES,
                   "swizzle": tuple(str(s) for s in SWIZZLES), "splits": tuple(str(s) for s in SPLITS),
-                  "trace": TRACES}
+                  "trace": TRACES, "tile_order": TILE_ORDERS}
 INT_OPTIONS = ("swizzle", "splits")
 # options that change what the program computes, not how fast: the file says them, a call cannot
 # (b_major: the memory order of a B operand declared inline: K-major, the default, or N-major)
@@ -61,13 +66,17 @@ def value_problem(key: str, value) -> str | None:
 
 
 def combination_problems(schedule: str, tile: tuple[int, int, int], epi_tile: tuple[int, int] | None,
-                         splits: int = 1, combine: str = "kernel", trace: str = "off") -> list[str]:
+                         splits: int = 1, combine: str = "kernel", trace: str = "off",
+                         tile_order: str = "linear") -> list[str]:
     """What CUTLASS's sm90 schedules refuse in a complete configuration."""
     m, n, _ = tile
     out = []
     if trace != "off" and splits > 1:
         out.append(f"trace={trace} times the persistent kernels' tiles; the split-K kernel (splits={splits}) is "
                    "not traced")
+    if tile_order != "linear" and splits > 1:
+        out.append(f"tile_order={tile_order} orders the persistent scheduler's tiles; the split-K kernel "
+                   f"(splits={splits}) has CUTLASS's stream-K scheduler, which keeps its own order")
     if splits > 1 and combine == "fold":
         out.append(f"combine=fold does not work with splits={splits} (the split-K scheduler's epilogue is not "
                    "the one that merges a row block); use combine=kernel")

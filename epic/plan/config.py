@@ -57,6 +57,9 @@ class KernelConfig:
     # "tiles": the kernel records each warp group's phases of each tile (a diagnostic build,
     # templates/nodes/epic_nodes/tile_trace.hpp)
     trace: str = "off"
+    # the persistent scheduler's tile order: "linear" (CUTLASS's) or "serpentine" (every odd group of
+    # the swizzle walked backwards; templates/nodes/epic_nodes/serpentine_tile_scheduler.hpp)
+    tile_order: str = "linear"
 
     @property
     def vendor(self) -> bool:
@@ -84,7 +87,8 @@ class KernelConfig:
                 + (f" raster {self.raster}" if self.raster != "heuristic" else "")
                 + (f" splits {self.splits}" if self.splits != 1 else "")
                 + (f" combine={self.combine}" if self.combine != "kernel" else "")
-                + (f" trace={self.trace}" if self.trace != "off" else ""))
+                + (f" trace={self.trace}" if self.trace != "off" else "")
+                + (f" tile_order={self.tile_order}" if self.tile_order != "linear" else ""))
 
     def key(self) -> str:
         """Names the built kernel: only what changes the code (not swizzle/raster/the split count)."""
@@ -95,7 +99,8 @@ class KernelConfig:
                 + (f"_e{self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else "")
                 + ("_splitk" if self.split_k else "")
                 + ("_fold" if self.combine == "fold" else "")
-                + (f"_{self.trace}" if self.trace != "off" else ""))
+                + (f"_{self.trace}" if self.trace != "off" else "")
+                + ("_serp" if self.tile_order == "serpentine" else ""))
 
     @property
     def split_k(self) -> bool:
@@ -118,8 +123,10 @@ def problems(cfg: KernelConfig) -> list[str]:
         out.append(f"combine must be one of {', '.join(vocab.COMBINES)}")
     if cfg.trace not in vocab.TRACES:
         out.append(f"trace must be one of {', '.join(vocab.TRACES)}")
+    if cfg.tile_order not in vocab.TILE_ORDERS:
+        out.append(f"tile_order must be one of {', '.join(vocab.TILE_ORDERS)}")
     return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits, cfg.combine,
-                                            cfg.trace)
+                                            cfg.trace, cfg.tile_order)
 
 
 def _backend(kernel, override: dict | None) -> str | None:
@@ -413,7 +420,8 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
             cfg = KernelConfig(schedule, tile, tuple(source.get("cluster", cfg.cluster)),
                                source.get("aux_load", cfg.aux_load), tuple(epi) if epi else None,
                                int(source.get("swizzle", cfg.swizzle)), source.get("raster", cfg.raster), splits,
-                               source.get("combine", cfg.combine), trace=source.get("trace", cfg.trace))
+                               source.get("combine", cfg.combine), trace=source.get("trace", cfg.trace),
+                               tile_order=source.get("tile_order", cfg.tile_order))
     if split_cluster and not cluster_fixed and not any(split_block(cfg, b) for b in blocks):
         cfg = replace(cfg, cluster=(1, 1))     # an override made the tile (or split-K) leave the blocks whole
     if not tile_fixed:

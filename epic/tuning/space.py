@@ -57,6 +57,8 @@ def override(cfg: config_mod.KernelConfig) -> dict:
         out["splits"] = cfg.splits
     if cfg.combine != "kernel":
         out["combine"] = cfg.combine
+    if cfg.tile_order != "linear":
+        out["tile_order"] = cfg.tile_order
     return out
 
 

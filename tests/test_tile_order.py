@@ -1,0 +1,161 @@
+"""tile_order=serpentine: the reflection (templates/nodes/epic_nodes/serpentine_order.hpp, compiled
+with g++ for the host) applied to CUTLASS's persistent tile order gives a permutation of the same
+padded grid, keeps a cluster's CTAs together, walks odd groups backwards and starts each group where
+the one before ended; and the option's plan and generated text (the default kernel's text unchanged)."""
+import difflib
+import shutil
+import subprocess
+
+import pytest
+
+from epic import pipeline
+from epic.codegen import emit
+from epic.diagnostics import EpicError
+from epic.plan import config as plan_config
+
+from .conftest import ROOT
+
+DRIVER = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "epic_nodes/serpentine_order.hpp"
+int main(int argc, char** argv) {
+  int bm = atoi(argv[1]), bn = atoi(argv[2]), cm = atoi(argv[3]), cn = atoi(argv[4]);
+  int log_group = atoi(argv[5]);
+  bool along_n = atoi(argv[6]) != 0;
+  int walk_clusters = along_n ? bn / cn : bm / cm;
+  for (int m = 0; m < bm; ++m)
+    for (int n = 0; n < bn; ++n) {
+      epic_scheduler::TileCoord t = epic_scheduler::serpentine_tile(m, n, cm, cn, walk_clusters, log_group, along_n);
+      printf("%d %d %d %d\n", m, n, t.m, t.n);
+    }
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def reflect(tmp_path_factory):
+    gxx = shutil.which("g++")
+    if not gxx:
+        pytest.skip("g++ not found")
+    d = tmp_path_factory.mktemp("serpentine")
+    (d / "driver.cpp").write_text(DRIVER)
+    exe = d / "driver"
+    subprocess.run([gxx, "-std=c++17", "-O1", "-I", str(ROOT / "templates" / "nodes"), str(d / "driver.cpp"),
+                    "-o", str(exe)], check=True)
+
+    def run(bm, bn, cm, cn, log_group, along_n):
+        out = subprocess.run([str(exe), *map(str, (bm, bn, cm, cn, log_group, int(along_n)))],
+                             capture_output=True, text=True, check=True).stdout
+        table = {}
+        for line in out.split("\n"):
+            if line:
+                m, n, rm, rn = map(int, line.split())
+                table[(m, n)] = (rm, rn)
+        return table
+    return run
+
+
+def cutlass_order(bm, bn, cm, cn, log_group, along_n):
+    """CUTLASS's sm90 persistent order (get_work_idx_m_and_n) over a grid of bm x bn tiles padded as
+    epic's grouped scheduler pads it: each cluster's tiles, cluster by cluster (a model of CUTLASS's
+    code, written from its source, not from epic's)."""
+    major_c, minor_c = (cn, cm) if along_n else (cm, cn)
+    blk_major = (bn if along_n else bm) // major_c
+    clusters = bm * bn // (cm * cn)
+    order = []
+    for cluster_id in range(clusters):
+        offset = cluster_id & ((1 << log_group) - 1)
+        minor_div, major = divmod(cluster_id >> log_group, blk_major)
+        minor = (minor_div << log_group) + offset
+        tiles = [(minor * minor_c + i, major * major_c + j) for j in range(major_c) for i in range(minor_c)]
+        order.append([(mi, ma) if along_n else (ma, mi) for mi, ma in tiles])
+    return order
+
+
+GRIDS = [  # bm, bn, cluster, log group, along N: the padded grids of the shapes the benches run
+    (64, 75, (2, 1), 3, True),      # N = 14336 on 128x192 tiles at M = 8192 (raster n, swizzle 8)
+    (64, 150, (2, 1), 3, True),     # gate/up, N = 28672
+    (64, 32, (2, 1), 3, False),     # QKV, N = 6144, along M grouping columns
+    (32, 27, (2, 1), 1, True),      # ragged 4000 x 5000 (the GPU test), swizzle 2
+    (8, 12, (1, 2), 2, False),      # a 1x2 cluster, grouping columns in pairs of clusters
+    (6, 10, (2, 2), 1, True),
+    (16, 5, (1, 1), 2, True),       # one group short of the rest at the end (16 rows, groups of 4)
+]
+
+
+@pytest.mark.parametrize("bm,bn,cluster,log_group,along_n", GRIDS)
+def test_serpentine_is_a_permutation_that_walks_odd_groups_backwards(reflect, bm, bn, cluster, log_group, along_n):
+    cm, cn = cluster
+    if along_n:
+        bm = -(-bm // ((1 << log_group) * cm)) * (1 << log_group) * cm
+    else:
+        bn = -(-bn // ((1 << log_group) * cn)) * (1 << log_group) * cn
+    table = reflect(bm, bn, cm, cn, log_group, along_n)
+    base = cutlass_order(bm, bn, cm, cn, log_group, along_n)
+    assert sorted(t for c in base for t in c) == sorted(table)       # the model covers the grid once
+    serp = [[table[t] for t in c] for c in base]
+    tiles = [t for c in serp for t in c]
+    assert sorted(tiles) == sorted(table)                            # a permutation of the same grid
+    # each CTA keeps its place in its cluster (the kernel's multicast masks assume it)
+    assert all((rm % cm, rn % cn) == (m % cm, n % cn) for (m, n), (rm, rn) in table.items())
+    for c in serp:                                                    # a cluster's CTAs stay one cluster
+        assert len({(m // cm, n // cn) for m, n in c}) == 1
+        assert sorted((m % cm, n % cn) for m, n in c) == sorted((i, j) for i in range(cm) for j in range(cn))
+    walk = (lambda t: t[1] // cn) if along_n else (lambda t: t[0] // cm)
+    group = (lambda t: (t[0] // cm) >> log_group) if along_n else (lambda t: (t[1] // cn) >> log_group)
+    groups: dict[int, list[int]] = {}
+    for c in serp:
+        groups.setdefault(group(c[0]), []).append(walk(c[0]))
+    assert sorted(groups) == list(range(len(groups)))
+    for g, positions in groups.items():
+        # each group in its own consecutive stretch of the order, walked forwards or (odd) backwards
+        steps = [b - a for a, b in zip(positions, positions[1:])]
+        assert all(s <= 0 for s in steps) if g % 2 else all(s >= 0 for s in steps), (g, positions)
+        if g + 1 in groups:
+            assert groups[g + 1][0] == positions[-1]                  # the next group starts where it ended
+    order_groups = [group(c[0]) for c in serp]
+    assert order_groups == sorted(order_groups)
+
+
+# ---------------------------------------------------------------- the option, planned and printed
+PLAIN = ROOT / "bench" / "programs" / "plain.epi"
+SIZES = dict(M=8192, K=4096, N=14336)
+
+
+def test_serpentine_names_its_kernel_and_changes_only_the_scheduler():
+    prog = pipeline.analyze(str(PLAIN)).program
+    [(_, base)] = emit.units(prog, emit.kernel_configs(prog, 8192, None, SIZES))
+    [(spec, serp)] = emit.units(prog, emit.kernel_configs(prog, 8192, {"plain": {"tile_order": "serpentine"}}, SIZES))
+    assert serp.name == base.name + "_serp" and str(spec.config).endswith(" tile_order=serpentine")
+    assert "Serpentine" not in base.source and "serpentine_tile" not in base.source
+    assert serp.source.count("class SerpentineTileScheduler") == 1
+    assert serp.source.count("inline TileCoord serpentine_tile(") == 1
+    assert serp.source.index("class SerpentineTileScheduler") < serp.source.index("namespace epic_kernel {")
+    # of the default kernel's lines, only the scheduler's, the configuration's comment and the library's
+    # description of itself change
+    removed = [d[2:] for d in difflib.ndiff(base.source.splitlines(), serp.source.splitlines()) if d[:2] == "- "]
+    assert len(removed) == 3, removed
+    assert removed[0].startswith("// ") and "ping_128x192x64_c2x1" in removed[0]
+    assert removed[1].strip() == "epic_scheduler::GroupedPersistentScheduler>;"
+    assert removed[2].startswith('  return "{\\"abi\\":1,')
+    assert "epic_scheduler::SerpentinePersistentScheduler>;" in [line.strip() for line in serp.source.splitlines()]
+
+
+def test_serpentine_in_the_file_and_refused_with_split_k(tmp_path):
+    src = tmp_path / "p.epi"
+    src.write_text("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile_order=serpentine {\n  out y: bf16 = acc\n}\n")
+    prog = pipeline.analyze(str(src)).program
+    [cfg] = emit.kernel_configs(prog, 8192, None, SIZES).values()
+    assert cfg.tile_order == "serpentine" and cfg.key().endswith("_serp")
+    with pytest.raises(EpicError) as info:
+        emit.kernel_configs(prog, 8192, {"g": {"splits": 2}}, SIZES)
+    assert info.value.codes == ["E216"] and "stream-K scheduler, which keeps its own order" in str(info.value)
+    bad = tmp_path / "bad.epi"
+    bad.write_text("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile_order=zigzag {\n  out y: bf16 = acc\n}\n")
+    with pytest.raises(EpicError) as info:
+        pipeline.analyze(str(bad))
+    assert "linear, serpentine" in str(info.value) or "linear or serpentine" in str(info.value)
+    assert plan_config.problems(plan_config.KernelConfig("pingpong", (128, 128, 64), tile_order="zigzag")) == [
+        "tile_order must be one of linear, serpentine"]
