@@ -169,6 +169,36 @@ def test_the_ab_script_times_each_quack_candidate_once_per_copy_under_its_label(
     assert out[3][2] == "check"
 
 
+def test_the_ab_script_adds_epic_with_a_configuration_under_its_label(monkeypatch):
+    """--epic serp: epic's workload program with tile_order=serpentine on every gemm, compiled at its first
+    call (the harness's guarded one), its check the first output under that output's name."""
+    ab = bench_module("quack_variants_ab")
+    bench = bench_module("bench")
+    monkeypatch.setitem(sys.modules, "bench", bench)
+    calls = []
+
+    class Prog:
+        def __init__(self, config):
+            self.config = config
+            self.program = types.SimpleNamespace(kernels=[types.SimpleNamespace(name="up", kind="gemm"),
+                                                          types.SimpleNamespace(name="up__row", kind="combine")])
+
+        def __call__(self, **inputs):
+            calls.append((self.config, inputs))
+            return {"y": "Y", "z": "Z"}
+
+    import epic
+    monkeypatch.setattr(epic, "compile", lambda path, config=None: Prog(config))
+    makers = [ab.epic_candidate("serp", "serp"), ab.epic_candidate("rn_s4", "rn_s4")]
+    out = ab.with_variants(lambda *a: [("quack", None, None)], [], makers)(None, "bias_gelu", {"x": 1}, None, [])
+    assert [label for label, _, _ in out] == ["quack", "epic-serp", "epic-rn_s4"]
+    assert calls == []                                           # nothing compiled before the first call
+    assert out[1][1]() == {"y": "Y", "z": "Z"} and out[1][2]() == ("Y", "y")
+    assert calls[0] == ({"up": {"tile_order": "serpentine"}}, {"x": 1})
+    out[2][1]()
+    assert calls[-1][0] == {"up": {"raster": "n", "swizzle": 4}}
+
+
 def test_the_ab_script_hands_the_harness_its_arguments_and_the_variants_candidates(tmp_path):
     fake = fake_copies(tmp_path / "fakevariant", "quack_ev", "quack_lin")
     harness = tmp_path / "harness.py"
@@ -187,3 +217,8 @@ def test_the_ab_script_hands_the_harness_its_arguments_and_the_variants_candidat
                          env={"PYTHONPATH": str(fake)})
     assert out.returncode == 3, out.stderr
     assert out.stdout.splitlines() == ["--work plain --rows 8192", "quack quack-evn quack-lin"]
+    out = subprocess.run([sys.executable, "-S", str(ROOT / "bench" / "quack_variants_ab.py"), "--epic", "serp",
+                          "--harness", str(harness), "--rows", "8192"], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(fake)})
+    assert out.returncode == 3, out.stderr
+    assert out.stdout.splitlines() == ["--rows 8192", "quack epic-serp"]
