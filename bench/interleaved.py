@@ -10,6 +10,9 @@ over rounds of its time / cuBLAS's time in the same round, printed with the quar
   python bench/interleaved.py --work plain,bias_gelu --rows 8192 \
       --configs coop_128x256x64_c2x1_s8,coop_256x128x64_c1x2_s8 [--rounds 200] [--calls] [--out F]
 
+Before timing, each configuration's outputs are compared with the default configuration's on the same
+inputs (printed, and kept in the results as `outputs`): "equal bit for bit", or the largest difference.
+
 A configuration named `tuned` runs `epic tune` at the work's shape first and times its winners;
 `serial` is the default configuration with no kernel launched as a programmatic dependent
 (EPIC_DEPENDENT_LAUNCH=0), `noprefetch` without the dependents' L2 prefetch (EPIC_DEPENDENT_PREFETCH=0),
@@ -66,6 +69,7 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False, repea
     out = [("cublas", wrap(gemm)), ("cublas-again", wrap(gemm))]
     base = epic.compile(os.path.join(ROOT, path))
     gemms = [k.name for k in base.program.kernels if k.kind == "gemm"]
+    want = None
     for label in ["default"] + configs:
         try:
             if label == "tuned":      # what `epic tune` picks at this shape, timed beside the rest
@@ -78,10 +82,45 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False, repea
             else:
                 config = {g: parse_config(label) for g in gemms} if label != "default" else None
             prog = base if config is None else epic.compile(os.path.join(ROOT, path), config)
+            got = outputs(prog(**inputs))
+            if want is None:
+                want = got
+            else:       # a configuration that computes something else is not a faster kernel: say so
+                AGREEMENT[(name, m, label)] = agreement(want, got)
+                print(f"  {name} M={m} {label}: {AGREEMENT[(name, m, label)]}", flush=True)
             out.append((label, wrap(lambda p=prog: p(**inputs))))
         except Exception as e:   # a configuration this program cannot take: say why, time the rest
             print(f"  {name} M={m} {label}: {str(e).splitlines()[0][:160]}", flush=True)
     return out
+
+
+# (work, M, label) -> how a configuration's outputs compare with the default configuration's
+AGREEMENT: dict[tuple[str, int, str], str] = {}
+
+
+def outputs(result) -> dict:
+    """A call's outputs, copied (the next call may write the same buffers)."""
+    return {k: v.detach().clone() for k, v in result.items()} if isinstance(result, dict) else {}
+
+
+def agreement(want: dict, got: dict) -> str:
+    """'equal bit for bit' where every output has the same bytes as the default's, else the largest
+    difference relative to the default output's root mean square, and in which output. A tile order
+    or a diagnostic build leaves each element's arithmetic unchanged (bitwise); another tile width
+    too, except where a row statistic adds per-tile partials in another grouping."""
+    worst, where = 0.0, ""
+    for k, w in want.items():
+        g = got.get(k)
+        if g is None or g.shape != w.shape or g.dtype != w.dtype:
+            return f"output {k} missing or of another shape/dtype"
+        if torch.equal(g.reshape(-1).view(torch.uint8), w.reshape(-1).view(torch.uint8)):
+            continue
+        wd, gd = w.double(), g.double()
+        scale = wd.pow(2).mean().sqrt().item() or 1.0
+        diff = (gd - wd).abs().nan_to_num(float("inf")).max().item() / scale
+        if diff >= worst:
+            worst, where = diff, k
+    return "equal bit for bit" if not where else f"differs: max |difference| {worst:.2e} x rms in {where}"
 
 
 def wrapper(calls: bool, repeat: int):
@@ -230,6 +269,8 @@ def main() -> int:
                     continue
                 low, mid, high = quartiles([t / b for t, b in zip(ts, base)])
                 rec["ratios"][label] = {"median": mid, "q1": low, "q3": high, "ms": statistics.median(ts)}
+                if (name, m, label) in AGREEMENT:
+                    rec["ratios"][label]["outputs"] = AGREEMENT[(name, m, label)]
             results.append(rec)
             line = "  ".join(f"{k}={v['median']:.3f} [{v['q1']:.3f}-{v['q3']:.3f}]" for k, v in rec["ratios"].items())
             print(f"{name:<14}{m:>6}  cublas {rec['cublas_ms']:.4f} ms  {line}", flush=True)

@@ -27,3 +27,28 @@ def test_the_tuned_candidate_tunes_at_the_inputs_sizes_into_its_own_database(mon
     assert seen["sizes"] == dict(M=64, K=128, N=256)
     assert seen["path"].endswith("samples/bias_gelu.epi")
     assert seen["db"] is not None and str(seen["db"]) != str(tmp_path / "mine.json")
+
+
+def test_a_configuration_is_compared_with_the_default_before_it_is_timed():
+    """agreement(): bitwise where every output has the default's bytes (a tile order, a trace build);
+    else the largest difference relative to the default output's size, and where; a missing or
+    reshaped output is named."""
+    import torch
+    interleaved = bench_module("interleaved")
+    y = torch.tensor([1.0, -2.0, 3.0, 0.5], dtype=torch.bfloat16)
+    want = {"y": y, "r": torch.tensor([0.25, 4.0])}
+    assert interleaved.agreement(want, {k: v.clone() for k, v in want.items()}) == "equal bit for bit"
+    off = {"y": y.clone(), "r": torch.tensor([0.25, 4.5])}
+    said = interleaved.agreement(want, off)
+    rms = (0.25 ** 2 / 2 + 16 / 2) ** 0.5
+    assert said == f"differs: max |difference| {0.5 / rms:.2e} x rms in r"
+    signed_zero = {"y": y.clone(), "r": torch.tensor([0.25, 4.0])}
+    signed_zero["y"][0] = 0.0
+    want_zero = {"y": signed_zero["y"].clone(), "r": want["r"]}
+    signed_zero["y"][0] = -0.0                   # the same value in other bits: not bit for bit
+    assert interleaved.agreement(want_zero, signed_zero) == "differs: max |difference| 0.00e+00 x rms in y"
+    assert interleaved.agreement(want, {"y": y}) == "output r missing or of another shape/dtype"
+    assert interleaved.agreement(want, {"y": y, "r": want["r"].double()}).startswith("output r missing")
+    nan = {"y": y.clone(), "r": torch.tensor([float("nan"), 4.0])}
+    assert interleaved.agreement(want, nan).endswith("x rms in r") and "inf" in interleaved.agreement(want, nan)
+    assert interleaved.outputs({"y": y})["y"] is not y and interleaved.outputs(None) == {}
