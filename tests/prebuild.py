@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     if not only or "bench/programs/plain.epi" in only:
         from . import test_gpu_tile_trace
         units += test_gpu_tile_trace.units()
+    from . import test_gpu_tile_widths
+    units += test_gpu_tile_widths.units(only)
     if training:
         from . import test_gpu_autograd, test_gpu_grad, test_gpu_vendor_gemm
         units += test_gpu_grad.units() + test_gpu_autograd.units() + test_gpu_vendor_gemm.units()
