@@ -106,8 +106,8 @@ def outputs(result) -> dict:
 def agreement(want: dict, got: dict) -> str:
     """'equal bit for bit' where every output has the same bytes as the default's, else the largest
     difference relative to the default output's root mean square, and in which output. A tile order
-    or a diagnostic build leaves each element's arithmetic unchanged (bitwise); another tile width
-    too, except where a row statistic adds per-tile partials in another grouping."""
+    or a diagnostic build leaves each element's arithmetic unchanged, so should read bit for bit;
+    where a row statistic adds per-tile partials, another tile width groups them otherwise."""
     worst, where = 0.0, ""
     for k, w in want.items():
         g = got.get(k)

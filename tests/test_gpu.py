@@ -191,12 +191,12 @@ def test_a_1x2_clusters_swizzle_covers_every_tile(swizzle, raster):
 def test_serpentine_tile_order_matches_reference_and_the_linear_order_bit_for_bit(name, size, extra):
     """tile_order=serpentine hands the CTAs the same tiles in another order: within the reference's
     tolerance, and (each tile computed the same way) the same bytes as the linear order's kernels."""
-    prog = epic.compile(path(name), config=serpentine_config(compiled(name).program, extra))
+    serpentine = serpentine_config(compiled(name).program, extra)
+    prog = epic.compile(path(name), config=serpentine)
     sizes = PROGRAMS[name](*size)
     assert all(c.tile_order == "serpentine" for c in prog.plan(sizes).configs.values())
     out = _check_against_reference(prog, name, size)
-    linear = epic.compile(path(name), config={k: {**v, "tile_order": "linear"}
-                                               for k, v in serpentine_config(compiled(name).program, extra).items()})
+    linear = epic.compile(path(name), config={k: {**v, "tile_order": "linear"} for k, v in serpentine.items()})
     want = linear(poison=True, keep=True, **to_device(prog.program, make_inputs(prog.analysis.source_program, sizes,
                                                                                  seed_of(name, size))))
     torch.cuda.synchronize()
