@@ -289,11 +289,11 @@ def allow_tile_widths(text: str) -> tuple[int, ...]:
 
 
 def parse_config(key: str) -> dict:
-    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold][_tiles][_serp]' -> {'schedule':
+    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold][_tiles][_serp][_nohint]' -> {'schedule':
     'cooperative', 'tile': (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler
-    swizzle, raster (m or n), split-K count, combine=fold, trace=tiles and tile_order=serpentine. Without the
-    schedule, tile and cluster ('fold', 'rn', 'rn_s4', 'tiles', 'serp'): the default configuration with those
-    changes ('rm', 'rn', 's4': the same built kernel)."""
+    swizzle, raster (m or n), split-K count, combine=fold, trace=tiles, tile_order=serpentine and
+    load_hint=none. Without the schedule, tile and cluster ('fold', 'rn', 'rn_s4', 'tiles', 'serp',
+    'serp_nohint'): the default configuration with those changes ('rm', 'rn', 's4': the same built kernel)."""
     parts = key.split("_")
     cfg: dict = {}
     if parts[0] in SCHEDULES:
@@ -315,6 +315,8 @@ def parse_config(key: str) -> dict:
             cfg["trace"] = "tiles"
         elif extra == "serp":
             cfg["tile_order"] = "serpentine"
+        elif extra == "nohint":
+            cfg["load_hint"] = "none"
         else:
             cfg["aux_load"] = extra
     return cfg

@@ -40,6 +40,15 @@ def analyze(text: str, **kw):
     return pipeline.analyze(text, name="t.epi", **kw)
 
 
+def planned_plain(options: str, sizes: dict, override: dict | None = None):
+    """The identity gemm `g` written `with OPTIONS`, planned at sizes (with a call's override):
+    (program, its kernel configuration)."""
+    from epic.codegen import emit
+    prog = analyze(f"gemm g(x: bf16[M, K] @ w: bf16[K, N]) with {options} {{\n  out y: bf16 = acc\n}}\n").program
+    [cfg] = emit.kernel_configs(prog, sizes["M"], override, sizes).values()
+    return prog, cfg
+
+
 def diagnose(text: str, **kw) -> EpicError:
     """The EpicError a program raises (fails the test if it compiles)."""
     with pytest.raises(EpicError) as info:

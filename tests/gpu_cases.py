@@ -97,6 +97,12 @@ SERPENTINE_CASES = [("samples/residual_rmsnorm.epi", (8191, 392, 200), {}),
                     ("samples/cross_entropy.epi", (8191, 392, 200), {}),
                     ("samples/fp8_block_quant.epi", (8191, 392, 200), {}),
                     ("samples/prenorm_mlp.epi", (8191, 392, 200), {})]
+# load_hint=none (the mainloop's TMA loads without an L2 cache policy) on every gemm: a row statistic,
+# a ragged element-wise epilogue along M, the pre-norm chain, and with the serpentine order beside it
+LOAD_HINT_CASES = [("samples/residual_rmsnorm.epi", (8191, 392, 200), {}),
+                   ("samples/bias_gelu.epi", (333, 2304, 136), {"swizzle": 2}),
+                   ("samples/swiglu.epi", (8191, 392, 200), {"tile_order": "serpentine"}),
+                   ("samples/prenorm_mlp.epi", (77, 392, 200), {})]
 
 # Sizes GPU tests use besides SIZES, as (program, sizes): tests/prebuild.py builds their kernels too
 XENT_SIZES = [(64, 128256), (333, 50304), (8, 1000)]      # (M, V) of test_cross_entropy_without_logits, D = 256
@@ -184,8 +190,9 @@ def cluster_1x2_config(program) -> dict:
     return {k.name: {"cluster": (1, 2)} for k in program.kernels if k.kind == "gemm"}
 
 
-def serpentine_config(program, extra: dict) -> dict:
-    return {k.name: {"tile_order": "serpentine", **extra} for k in program.kernels if k.kind == "gemm"}
+def gemm_options(program, options: dict) -> dict:
+    """A call's config with these kernel options on every gemm of the program."""
+    return {k.name: dict(options) for k in program.kernels if k.kind == "gemm"}
 
 
 def fold_config(program) -> dict:

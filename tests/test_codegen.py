@@ -463,6 +463,14 @@ def test_nvcc_builds_a_serpentine_kernel(tmp_path, monkeypatch):
     assert lib.info["kernel"] == spec.name and lib.info["config"] == "ping_128x192x64_c2x1_serp"
 
 
+@pytest.mark.nvcc
+def test_nvcc_builds_a_kernel_whose_loads_carry_no_cache_policy(tmp_path, monkeypatch):
+    """load_hint=none's producer (epic_nodes/unhinted_loads_mainloop.hpp) compiles in place of CUTLASS's
+    with the pingpong kernel and the library loads with the default kernel's C ABI."""
+    spec, lib = _build_plain(tmp_path, monkeypatch, {"load_hint": "none"}, dict(M=8192, K=4096, N=28672))
+    assert lib.info["kernel"] == spec.name and lib.info["config"] == "ping_128x192x64_c2x1_nohint"
+
+
 def _build_plain(tmp_path, monkeypatch, options: dict, sizes: dict):
     """The identity-epilogue gemm (bench/programs/plain.epi) with these kernel options, built by nvcc
     into a fresh cache and loaded: (its spec, its library). Skips where nvcc is missing."""

@@ -26,8 +26,8 @@ from epic import dtypes, reference
 from epic.diagnostics import EpicError
 
 from .gpu_cases import (CLUSTER_1X2_CASE, DEPENDENT_FIRST_CASES, DETERMINISM_CASES, HF_BLOCK_CASE, MEMCHECK_CASES,
-                        PROGRAMS, QUANT_SIZES, SERPENTINE_CASES, SIZES, SPLIT_CASES, TORCH_COMPILE_CASE, XENT_D,
-                        XENT_SIZES, cluster_1x2_config, fold_config, folds, make_inputs, path, serpentine_config,
+                        LOAD_HINT_CASES, PROGRAMS, QUANT_SIZES, SERPENTINE_CASES, SIZES, SPLIT_CASES, TORCH_COMPILE_CASE, XENT_D,
+                        XENT_SIZES, cluster_1x2_config, fold_config, folds, gemm_options, make_inputs, path,
                         split_k_config, to_device)
 
 pytestmark = [pytest.mark.gpu,
@@ -185,24 +185,40 @@ def test_a_1x2_clusters_swizzle_covers_every_tile(swizzle, raster):
     _check_against_reference(prog, name, size)
 
 
-@pytest.mark.parametrize("name, size, extra", SERPENTINE_CASES,
-                         ids=[f"{n}-{'x'.join(map(str, s))}" + "".join(f"-{k}={v}" for k, v in e.items())
-                              for n, s, e in SERPENTINE_CASES])
+def _ids(cases):
+    return [f"{n}-{'x'.join(map(str, s))}" + "".join(f"-{k}={v}" for k, v in e.items()) for n, s, e in cases]
+
+
+@pytest.mark.parametrize("name, size, extra", SERPENTINE_CASES, ids=_ids(SERPENTINE_CASES))
 def test_serpentine_tile_order_matches_reference_and_the_linear_order_bit_for_bit(name, size, extra):
     """tile_order=serpentine hands the CTAs the same tiles in another order: within the reference's
     tolerance, and (each tile computed the same way) the same bytes as the linear order's kernels."""
-    serpentine = serpentine_config(compiled(name).program, extra)
-    prog = epic.compile(path(name), config=serpentine)
+    _check_same_bytes(name, size, {"tile_order": "serpentine", **extra}, {"tile_order": "linear"})
+
+
+@pytest.mark.parametrize("name, size, extra", LOAD_HINT_CASES, ids=_ids(LOAD_HINT_CASES))
+def test_loads_without_a_cache_policy_match_reference_and_the_default_bit_for_bit(name, size, extra):
+    """load_hint=none changes only the L2 policy the mainloop's TMA loads carry: within the reference's
+    tolerance, and the same bytes as the kernels with CUTLASS's policy."""
+    _check_same_bytes(name, size, {"load_hint": "none", **extra}, {"load_hint": "evict_normal"})
+
+
+def _check_same_bytes(name, size, options: dict, baseline: dict):
+    """The program with `options` on every gemm against the reference, then bit for bit against the
+    same with `baseline` over them (an option that must not change any tile's arithmetic)."""
+    config = gemm_options(compiled(name).program, options)
+    prog = epic.compile(path(name), config=config)
     sizes = PROGRAMS[name](*size)
-    assert all(c.tile_order == "serpentine" for c in prog.plan(sizes).configs.values())
+    chosen = prog.plan(sizes).configs.values()
+    assert all(getattr(c, k) == v for c in chosen for k, v in options.items())
     out = _check_against_reference(prog, name, size)
-    linear = epic.compile(path(name), config={k: {**v, "tile_order": "linear"} for k, v in serpentine.items()})
-    want = linear(poison=True, keep=True, **to_device(prog.program, make_inputs(prog.analysis.source_program, sizes,
-                                                                                 seed_of(name, size))))
+    base = epic.compile(path(name), config={k: {**v, **baseline} for k, v in config.items()})
+    want = base(poison=True, keep=True, **to_device(prog.program, make_inputs(prog.analysis.source_program, sizes,
+                                                                               seed_of(name, size))))
     torch.cuda.synchronize()
     for t, x in out.items():
         assert torch.equal(x.reshape(-1).view(torch.uint8), want[t].reshape(-1).view(torch.uint8)), \
-            f"{name}: {t} differs from the linear order's"
+            f"{name}: {t} differs from the kernels with {baseline}"
 
 
 _FOLDED = {}

@@ -13,7 +13,7 @@ from epic.codegen import emit
 from epic.diagnostics import EpicError
 from epic.plan import config as plan_config
 
-from .conftest import ROOT
+from .conftest import ROOT, diagnose, planned_plain
 
 DRIVER = r"""
 #include <cstdio>
@@ -143,19 +143,13 @@ def test_serpentine_names_its_kernel_and_changes_only_the_scheduler():
     assert "epic_scheduler::SerpentinePersistentScheduler>;" in [line.strip() for line in serp.source.splitlines()]
 
 
-def test_serpentine_in_the_file_and_refused_with_split_k(tmp_path):
-    src = tmp_path / "p.epi"
-    src.write_text("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile_order=serpentine {\n  out y: bf16 = acc\n}\n")
-    prog = pipeline.analyze(str(src)).program
-    [cfg] = emit.kernel_configs(prog, 8192, None, SIZES).values()
+def test_serpentine_in_the_file_and_refused_with_split_k():
+    _, cfg = planned_plain("tile_order=serpentine", SIZES)
     assert cfg.tile_order == "serpentine" and cfg.key().endswith("_serp")
     with pytest.raises(EpicError) as info:
-        emit.kernel_configs(prog, 8192, {"g": {"splits": 2}}, SIZES)
+        planned_plain("tile_order=serpentine", SIZES, {"g": {"splits": 2}})
     assert info.value.codes == ["E216"] and "stream-K scheduler, which keeps its own order" in str(info.value)
-    bad = tmp_path / "bad.epi"
-    bad.write_text("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile_order=zigzag {\n  out y: bf16 = acc\n}\n")
-    with pytest.raises(EpicError) as info:
-        pipeline.analyze(str(bad))
-    assert "linear, serpentine" in str(info.value) or "linear or serpentine" in str(info.value)
+    error = diagnose("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile_order=zigzag {\n  out y: bf16 = acc\n}\n")
+    assert "linear, serpentine" in str(error) or "linear or serpentine" in str(error)
     assert plan_config.problems(plan_config.KernelConfig("pingpong", (128, 128, 64), tile_order="zigzag")) == [
         "tile_order must be one of linear, serpentine"]

@@ -86,7 +86,8 @@ class KernelSpec:
             return []
         return (["epic_nodes/grouped_tile_scheduler.hpp", "epic_nodes/l2_prefetch_mainloop.hpp"]
                 + (["epic_nodes/tile_trace.hpp"] if self.config.trace == "tiles" else [])
-                + (["epic_nodes/serpentine_tile_scheduler.hpp"] if self.config.tile_order == "serpentine" else []))
+                + (["epic_nodes/serpentine_tile_scheduler.hpp"] if self.config.tile_order == "serpentine" else [])
+                + (["epic_nodes/unhinted_loads_mainloop.hpp"] if self.config.load_hint == "none" else []))
 
 
 class Builder:

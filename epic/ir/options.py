@@ -24,6 +24,10 @@ TRACES = ("off", "tiles")
 # starts where the one before ended, on operands still in L2 (as QuACK's sm90 scheduler;
 # templates/nodes/epic_nodes/serpentine_tile_scheduler.hpp). Built into the kernel.
 TILE_ORDERS = ("linear", "serpentine")
+# the L2 cache policy the mainloop's TMA loads of A and B carry: CUTLASS's EVICT_NORMAL operand, or none
+# (QuACK's sm90 loads: SASS `desc[URZ]`; templates/nodes/epic_nodes/unhinted_loads_mainloop.hpp).
+# Built into the kernel.
+LOAD_HINTS = ("evict_normal", "none")
 TILE_M = (64, 128, 256)
 TILE_N = (64, 128, 192, 256)
 TILE_K = (64, 128)
@@ -34,7 +38,8 @@ SIZE_OPTIONS = {"tile": ((2, 3), "128x128x64"), "cluster": ((2,), "2x1"), "epi_t
 # options chosen from a set: name -> the spellings
 CHOICE_OPTIONS = {"backend": BACKENDS, "schedule": SCHEDULES, "aux_load": AUX_LOADS, "raster": RASTERS, "combine": COMBINES,
                   "swizzle": tuple(str(s) for s in SWIZZLES), "splits": tuple(str(s) for s in SPLITS),
-                  "trace": TRACES, "tile_order": TILE_ORDERS}
+                  "trace": TRACES, "tile_order": TILE_ORDERS,
+                  "load_hint": LOAD_HINTS}
 INT_OPTIONS = ("swizzle", "splits")
 # options that change what the program computes, not how fast: the file says them, a call cannot
 # (b_major: the memory order of a B operand declared inline: K-major, the default, or N-major)
@@ -67,7 +72,7 @@ def value_problem(key: str, value) -> str | None:
 
 def combination_problems(schedule: str, tile: tuple[int, int, int], epi_tile: tuple[int, int] | None,
                          splits: int = 1, combine: str = "kernel", trace: str = "off",
-                         tile_order: str = "linear") -> list[str]:
+                         tile_order: str = "linear", load_hint: str = "evict_normal") -> list[str]:
     """What CUTLASS's sm90 schedules refuse in a complete configuration."""
     m, n, _ = tile
     out = []
@@ -77,6 +82,9 @@ def combination_problems(schedule: str, tile: tuple[int, int, int], epi_tile: tu
     if tile_order != "linear" and splits > 1:
         out.append(f"tile_order={tile_order} orders the persistent scheduler's tiles; the split-K kernel "
                    f"(splits={splits}) has CUTLASS's stream-K scheduler, which keeps its own order")
+    if load_hint != "evict_normal" and splits > 1:
+        out.append(f"load_hint={load_hint} changes the persistent kernels' mainloop; the split-K kernel "
+                   f"(splits={splits}) keeps CUTLASS's")
     if splits > 1 and combine == "fold":
         out.append(f"combine=fold does not work with splits={splits} (the split-K scheduler's epilogue is not "
                    "the one that merges a row block); use combine=kernel")

@@ -60,6 +60,9 @@ class KernelConfig:
     # the persistent scheduler's tile order: "linear" (CUTLASS's) or "serpentine" (every odd group of
     # the swizzle walked backwards; templates/nodes/epic_nodes/serpentine_tile_scheduler.hpp)
     tile_order: str = "linear"
+    # the L2 policy of the mainloop's TMA loads: "evict_normal" (CUTLASS's) or "none" (no policy operand;
+    # templates/nodes/epic_nodes/unhinted_loads_mainloop.hpp)
+    load_hint: str = "evict_normal"
 
     @property
     def vendor(self) -> bool:
@@ -88,7 +91,8 @@ class KernelConfig:
                 + (f" splits {self.splits}" if self.splits != 1 else "")
                 + (f" combine={self.combine}" if self.combine != "kernel" else "")
                 + (f" trace={self.trace}" if self.trace != "off" else "")
-                + (f" tile_order={self.tile_order}" if self.tile_order != "linear" else ""))
+                + (f" tile_order={self.tile_order}" if self.tile_order != "linear" else "")
+                + (f" load_hint={self.load_hint}" if self.load_hint != "evict_normal" else ""))
 
     def key(self) -> str:
         """Names the built kernel: only what changes the code (not swizzle/raster/the split count)."""
@@ -100,7 +104,8 @@ class KernelConfig:
                 + ("_splitk" if self.split_k else "")
                 + ("_fold" if self.combine == "fold" else "")
                 + (f"_{self.trace}" if self.trace != "off" else "")
-                + ("_serp" if self.tile_order == "serpentine" else ""))
+                + ("_serp" if self.tile_order == "serpentine" else "")
+                + ("_nohint" if self.load_hint == "none" else ""))
 
     @property
     def split_k(self) -> bool:
@@ -125,8 +130,10 @@ def problems(cfg: KernelConfig) -> list[str]:
         out.append(f"trace must be one of {', '.join(vocab.TRACES)}")
     if cfg.tile_order not in vocab.TILE_ORDERS:
         out.append(f"tile_order must be one of {', '.join(vocab.TILE_ORDERS)}")
+    if cfg.load_hint not in vocab.LOAD_HINTS:
+        out.append(f"load_hint must be one of {', '.join(vocab.LOAD_HINTS)}")
     return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits, cfg.combine,
-                                            cfg.trace, cfg.tile_order)
+                                            cfg.trace, cfg.tile_order, cfg.load_hint)
 
 
 def _backend(kernel, override: dict | None) -> str | None:
@@ -421,7 +428,8 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
                                source.get("aux_load", cfg.aux_load), tuple(epi) if epi else None,
                                int(source.get("swizzle", cfg.swizzle)), source.get("raster", cfg.raster), splits,
                                source.get("combine", cfg.combine), trace=source.get("trace", cfg.trace),
-                               tile_order=source.get("tile_order", cfg.tile_order))
+                               tile_order=source.get("tile_order", cfg.tile_order),
+                               load_hint=source.get("load_hint", cfg.load_hint))
     if split_cluster and not cluster_fixed and not any(split_block(cfg, b) for b in blocks):
         cfg = replace(cfg, cluster=(1, 1))     # an override made the tile (or split-K) leave the blocks whole
     if not tile_fixed:

@@ -59,6 +59,8 @@ def override(cfg: config_mod.KernelConfig) -> dict:
         out["combine"] = cfg.combine
     if cfg.tile_order != "linear":
         out["tile_order"] = cfg.tile_order
+    if cfg.load_hint != "evict_normal":
+        out["load_hint"] = cfg.load_hint
     return out
 
 
