@@ -12,8 +12,8 @@ import epic
 from epic.codegen import emit
 from epic.runtime import build
 
-from .gpu_cases import (CLUSTER_1X2_CASE, LOAD_HINT_CASES, PROGRAMS, SERPENTINE_CASES, SIZES, SPLIT_CASES, cluster_1x2_config,
-                        fold_config, folds, gemm_options, own_size_cases, path, split_k_config)
+from .gpu_cases import (CLUSTER_1X2_CASE, LOAD_HINT_CASES, PROGRAMS, SERPENTINE_CASES, SIZES, SPLIT_CASES,
+                        cluster_1x2_config, fold_config, folds, gemm_options, own_size_cases, path, split_k_config)
 
 # the benchmark's identity epilogue, at its square shape (bench/prebuild.py builds the rest)
 EXTRA = {"bench/programs/plain.epi": lambda m, n, k: dict(M=m, K=4096, N=4096)}
@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         [(name, table[name](*size), "fold") for name in PROGRAMS for size in SIZES] + \
         [(name, table[name](*size), ("options", {"tile_order": "serpentine", **extra}))
          for name, size, extra in SERPENTINE_CASES] + \
-        [(name, table[name](*size), ("options", {"load_hint": "none", **extra})) for name, size, extra in LOAD_HINT_CASES] + \
+        [(name, table[name](*size), ("options", {"load_hint": "none", **extra}))
+         for name, size, extra in LOAD_HINT_CASES] + \
         [(name, table[name](*size), ("options", {"load_hint": "evict_normal", **extra}))
          for name, size, extra in LOAD_HINT_CASES] + \
         [(name, sizes, None) for name, sizes in own_size_cases()]        # tests with sizes of their own

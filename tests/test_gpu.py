@@ -26,9 +26,9 @@ from epic import dtypes, reference
 from epic.diagnostics import EpicError
 
 from .gpu_cases import (CLUSTER_1X2_CASE, DEPENDENT_FIRST_CASES, DETERMINISM_CASES, HF_BLOCK_CASE, MEMCHECK_CASES,
-                        LOAD_HINT_CASES, PROGRAMS, QUANT_SIZES, SERPENTINE_CASES, SIZES, SPLIT_CASES, TORCH_COMPILE_CASE, XENT_D,
-                        XENT_SIZES, cluster_1x2_config, fold_config, folds, gemm_options, make_inputs, path,
-                        split_k_config, to_device)
+                        LOAD_HINT_CASES, PROGRAMS, QUANT_SIZES, SERPENTINE_CASES, SIZES, SPLIT_CASES,
+                        TORCH_COMPILE_CASE, XENT_D, XENT_SIZES, cluster_1x2_config, fold_config, folds, gemm_options,
+                        make_inputs, path, split_k_config, to_device)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (see docs/GPU.md)")]

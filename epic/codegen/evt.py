@@ -79,6 +79,21 @@ class KernelSpec:
         return "epic_scheduler::GroupedPersistentScheduler"
 
     @property
+    def mainloop(self) -> str:
+        """The mainloop collective: CUTLASS's (BuiltMainloop) as the split-K kernel takes it, else wrapped,
+        innermost first, in the L2 prefetch of a programmatic dependent (l2_prefetch_mainloop.hpp), the
+        producer without a cache policy where load_hint=none (unhinted_loads_mainloop.hpp) and the
+        recorder of trace=tiles (tile_trace.hpp)."""
+        if self.config.split_k:
+            return "BuiltMainloop"
+        out = f"epic_mainloop::L2PrefetchMainloop<BuiltMainloop, {self.config.tile[1]}, {self.config.tile[2]}>"
+        if self.config.load_hint == "none":
+            out = f"epic_mainloop::UnhintedLoads<{out}>"
+        if self.config.trace == "tiles":
+            out = f"epic_trace::TracedMainloop<{out}>"
+        return out
+
+    @property
     def scheduler_headers(self) -> list[str]:
         """Node headers printed outside the kernel's namespace (a scheduler specializes CUTLASS's selector;
         the mainloop wrapper of a kernel that can be launched as a programmatic dependent)."""
