@@ -1,4 +1,6 @@
 """The plan and its byte ledger, checked by hand from the shapes."""
+from dataclasses import replace
+
 import pytest
 
 from epic import pipeline
@@ -341,10 +343,11 @@ def test_render_line_by_line():
     a = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  in bias: bf16[N]\n  out y: bf16 = acc + bias\n}\n")
     plan = planner.make_plan(a.program, dict(M=4, K=8, N=16))
     lines = ledger.render(plan, a.source_program).splitlines()
-    assert lines[:6] == ["plan for t.epi at M=4, K=8, N=16", "", "kernels (in launch order):",
+    assert lines[:7] == ["plan for t.epi at M=4, K=8, N=16", "", "kernels (in launch order):",
                          "  1. g: gemm x @ w  [pingpong 64x64x64 cluster 1x1]",
                          "       launched as a programmatic dependent of the caller's last kernel on the stream; "
-                         "asks L2 for its first tile's w while it waits", "       writes y"]
+                         "asks L2 for its first tile's w while it waits",
+                         "       1 tile: one round on 1 of 132 SMs", "       writes y"]
     buf = lines.index("buffers:")
     assert lines[buf + 1].split() == ["x", "input", "bfloat16[4,", "8]", "64", "B", "written", "by", "caller;",
                                       "read", "by", "g"]
@@ -376,3 +379,33 @@ def test_trace_is_an_option_that_names_its_own_kernel_and_that_no_heuristic_pick
     with pytest.raises(EpicError) as info:
         analyze(text.format(opts=" with trace=all"))
     assert info.value.codes == ["E215"] and "trace must be one of off, tiles" in str(info.value)
+
+
+def test_the_plan_says_how_the_tiles_fill_the_persistent_grid():
+    """By hand: N = 14336 on 128x192 tiles is 64 x 75 = 4800 tiles, 36 rounds of 132 CTAs and a 37th
+    with 48; 4800 of 37 x 132 = 4884 slots hold a tile. One more row of tiles (M = 8320: 65 rows) is
+    rounded to the 2x1 cluster: with swizzle 1, 66 x 75 = 4950 scheduled, 75 of them padding, 38 rounds
+    (4950 - 37 x 132 = 66 in the last), 4875 of 5016 slots used; swizzle 8 groups rows by 16 (80 x 75)."""
+    cfg = config.KernelConfig("pingpong", (128, 192, 64), (2, 1), swizzle=8, raster="n")
+    r = config.rounds(cfg, 8192, 14336)
+    assert (r.tiles, r.scheduled, r.grid, r.last) == (4800, 4800, 132, 48)
+    assert r.rounds == pytest.approx(4800 / 132) and r.idle == pytest.approx(1 - 4800 / 4884)
+    assert r.describe() == "4,800 tiles on 132 CTAs: 36.36 rounds, the last with 48 of 132 busy (tile slots idle: 1.7%)"
+    assert config.rounds(cfg, 8320, 14336).scheduled == 80 * 75
+    ragged = config.rounds(replace(cfg, swizzle=1), 8320, 14336)
+    assert (ragged.tiles, ragged.scheduled, ragged.last) == (4875, 4950, 66)
+    assert ragged.idle == pytest.approx(1 - 4875 / 5016)
+    assert ragged.describe().startswith("4,950 tiles (with 75 padding tiles) on 132 CTAs: 37.50 rounds")
+    # decode: one round; split-K counts one unit per split
+    assert config.rounds(config.KernelConfig("pingpong", (64, 64, 64)), 64, 4096).describe() == \
+        "64 tiles: one round on 64 of 132 SMs"
+    split = config.rounds(config.KernelConfig("cooperative", (128, 128, 64), splits=3), 64, 4096)
+    assert (split.tiles, split.grid, split.idle) == (96, 96, 0)
+
+
+def test_the_rendered_plan_gives_each_gemms_rounds():
+    a, plan = prenorm_plan()
+    text = ledger.render(plan, a.source_program)
+    gate_up = plan.configs["gate_up"]
+    r = config.rounds(gate_up, M, 2 * F)
+    assert r.describe() in text and r.tiles == -(-M // gate_up.tile_m) * -(-2 * F // gate_up.tile_n)

@@ -360,6 +360,56 @@ def padded_tiles(cfg: KernelConfig, m: int, n: int, swizzle: int, raster: str | 
     return bm * bn
 
 
+SMS = 132   # SMs of an H100 / H200 SXM: a persistent kernel runs one CTA per SM
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """How a gemm's tiles fill the persistent grid: `scheduled` tiles (the output's, times the split
+    count, plus the scheduler's padding tiles) on `grid` CTAs, one tile per CTA per round. Every CTA
+    whose share is a round short sits idle while the last round runs."""
+    tiles: int
+    scheduled: int
+    grid: int
+
+    @property
+    def rounds(self) -> float:
+        return self.scheduled / self.grid
+
+    @property
+    def last(self) -> int:
+        """CTAs with a tile in the last round."""
+        return self.scheduled - (-(-self.scheduled // self.grid) - 1) * self.grid
+
+    @property
+    def idle(self) -> float:
+        """The share of the grid's tile slots (whole rounds x CTAs) with no output tile: the last round's
+        empty slots and the padding tiles."""
+        return 1 - self.tiles / (-(-self.scheduled // self.grid) * self.grid)
+
+    def describe(self, sms: int = SMS) -> str:
+        padding = self.scheduled - self.tiles
+        pad = f" (with {padding:,} padding tiles)" if padding else ""
+        if self.scheduled <= self.grid:
+            return (f"{self.scheduled:,} tile{'s' if self.scheduled != 1 else ''}{pad}: one round on "
+                    f"{self.scheduled} of {sms} SMs")
+        return (f"{self.scheduled:,} tiles{pad} on {self.grid} CTAs: {self.rounds:.2f} rounds, the last with "
+                f"{self.last} of {self.grid} busy (tile slots idle: {self.idle:.1%})")
+
+
+def rounds(cfg: KernelConfig, m: int, n: int, sms: int = SMS) -> Rounds:
+    """The tile rounds of cfg's persistent kernel at m x n on `sms` SMs (split-K: one unit per split of
+    a tile, CUTLASS's stream-K scheduler, padding not modelled)."""
+    cm, cn = cfg.cluster
+    real = -(-m // cfg.tile_m) * -(-n // cfg.tile_n) * cfg.splits
+    if cfg.splits > 1:
+        scheduled = real
+    else:
+        scheduled = padded_tiles(cfg, m, n, cfg.swizzle)
+    grid = min(scheduled, sms // (cm * cn) * (cm * cn))
+    return Rounds(real, scheduled, grid)
+
+
 # A grid this many tiles wide (a vocabulary: 668 columns at N = 128256) groups by 4 at most: the LM
 # head + cross entropy read 0.954-0.958 of cuBLAS with swizzle 4 and 0.971 with 8 (along N, M = 8192,
 # 2026-12-03-h200-interleaved-grouped-xent.log); at N = 14336 and 28672 (75, 150 columns) 4 and 8 tie.

@@ -21,7 +21,7 @@ from ..ir import primitives as P
 from ..ir.core import Program, Value
 from ..passes.defer_row_scale import SUFFIX
 from ..shapes import Kind
-from . import launch
+from . import config as config_mod, launch
 from .planner import Plan, folds
 
 
@@ -169,6 +169,9 @@ def render(plan: Plan, source: Program) -> str:
                                   previous, k.b)
             if how:
                 out.append(f"       {how}")
+            if not step.config.vendor:
+                n = sizes_mod.evaluate(k.n, plan.sizes)
+                out.append(f"       {config_mod.rounds(step.config, rows, n).describe()}")
         if k.name not in folded:
             previous = k.name
         if k.kind == "gemm":

@@ -23,7 +23,7 @@ from ..ir import options as vocab
 from ..plan import backend
 from ..plan import config as config_mod
 
-SMS = 132          # H100/H200 SXM
+SMS = config_mod.SMS
 
 TILES = {"pingpong": [(64, 64, 64), (64, 128, 64), (64, 256, 64), (128, 128, 64), (128, 192, 64)],
          "cooperative": [(128, 128, 64), (128, 192, 64), (128, 256, 64), (256, 128, 64)]}
