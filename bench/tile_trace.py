@@ -17,6 +17,14 @@ run, whose outputs are checked against the untraced program's, bit for bit (exit
   handoff     from one warp group's mma() returning to the other's mma() entered, tile after tile (pingpong)
   tensor idle per tile: the CTA's span minus the union of its [data, drain] intervals, over its tiles
   producer lead  from the producer starting a tile's loads to that tile's turn on the tensor cores
+The producer's side of each tile, in the order it loads them:
+  producer between tiles  from its last TMA load of one tile to entering the next's load(): the
+              scheduler's next tile and the loop, run by one warp
+  first stage wait  from entering load() to the tile's first stage being free (the consumers releasing
+              it); near 0 means the stage was free already, and the producer, not the tensor cores, set
+              when the tile's first operands could start
+  first load to data  from that stage being free (its TMA load issued) to the consumer finding the
+              operands in shared memory
 Across CTAs (the GPU's global timer, in us): the kernel's span from the first CTA's first tile to the
 last CTA's last epilogue, how far apart the CTAs finish, and the share of the span the average CTA sits
 idle after its last tile (a static persistent kernel's last round, when the tiles do not fill it).
@@ -35,7 +43,7 @@ import sys
 
 # the buffer's events (tile_trace.hpp)
 MMA_BEGIN, DATA, ISSUED, RETIRED, EPI_BEGIN, EPI_STORED, EPI_END = range(7)
-LOAD_BEGIN, LOAD_END = range(2)
+LOAD_BEGIN, LOAD_FREE, LOAD_END = range(3)
 SMID, GLOBAL_NS, CLOCK, TILES0, TILES1, LOADS, LAST_NS, LAST_CLOCK = range(8)
 PHASES = ("turn wait", "data", "issue", "drain", "epi wait", "epilogue", "store tail")
 PEAK_FLOPS_PER_CYCLE = 4096     # dense bf16 per SM per cycle on Hopper (989 TFLOPS, 132 SMs, 1.83 GHz)
@@ -70,7 +78,7 @@ def cta_summary(wg: list[list[list[int]]], tiles: tuple[int, int], loads: list[l
                 pingpong: bool = True) -> dict:
     """One CTA: its warp groups' phases, the handoffs between them, the tensor cores' idle time and the
     producer's lead. wg[w][t] = the 7 event clocks of warp group w's t-th tile; tiles = tiles recorded per
-    warp group; loads[p] = the producer's (begin, end) clocks of the CTA's p-th tile, which pingpong's warp
+    warp group; loads[p] = the producer's (begin, first stage free, end) clocks of the CTA's p-th tile, which pingpong's warp
     groups take in turn (warp group p % 2, its tile p // 2) and the cooperative schedule's share."""
     per = [phases(wg[w][:tiles[w]]) for w in (0, 1)]
     merged = {p: per[0][p] + per[1][p] for p in PHASES}
@@ -89,12 +97,18 @@ def cta_summary(wg: list[list[list[int]]], tiles: tuple[int, int], loads: list[l
             end = hi
     span = (busy[-1][1] if busy else 0) - (busy[0][0] if busy else 0)
     idle = span - covered if busy else 0
-    lead = []
-    for p, (begin, _) in enumerate(loads or []):
+    lead, to_data = [], []
+    for p, load in enumerate(loads or []):
         w, t = (p % 2, p // 2) if pingpong else (0, p)
-        if begin and t < tiles[w] and wg[w][t][MMA_BEGIN]:
-            lead.append(wg[w][t][MMA_BEGIN] - begin)
-    return {"phases": merged, "handoffs": handoffs, "idle": idle, "tiles": len(turns), "lead": lead}
+        if t < tiles[w] and load[LOAD_BEGIN] and wg[w][t][MMA_BEGIN]:
+            lead.append(wg[w][t][MMA_BEGIN] - load[LOAD_BEGIN])
+        if t < tiles[w] and load[LOAD_FREE] and wg[w][t][DATA]:
+            to_data.append(wg[w][t][DATA] - load[LOAD_FREE])
+    loaded = [v for v in (loads or []) if v[LOAD_BEGIN] and v[LOAD_FREE] and v[LOAD_END]]
+    stage_wait = [v[LOAD_FREE] - v[LOAD_BEGIN] for v in loaded]
+    between = [b[LOAD_BEGIN] - a[LOAD_END] for a, b in zip(loaded, loaded[1:])]
+    return {"phases": merged, "handoffs": handoffs, "idle": idle, "tiles": len(turns), "lead": lead,
+            "between": between, "stage wait": stage_wait, "to data": to_data}
 
 
 def across_ctas(cta, ctas: int) -> dict:
@@ -121,6 +135,7 @@ def summarize(wg, cta, ctas: int, k_blocks: int | None = None, cycles_per_block:
     phase_values: dict[str, list[int]] = {p: [] for p in PHASES}
     handoffs: list[int] = []
     lead: list[int] = []
+    producer = {"between": [], "stage wait": [], "to data": []}
     idle_per_tile: list[float] = []
     tiles = 0
     for c in range(ctas):
@@ -132,13 +147,18 @@ def summarize(wg, cta, ctas: int, k_blocks: int | None = None, cycles_per_block:
             phase_values[p] += s["phases"][p]
         handoffs += s["handoffs"]
         lead += s["lead"]
+        for key in producer:
+            producer[key] += s[key]
         if s["tiles"]:
             idle_per_tile.append(s["idle"] / s["tiles"])
         tiles += s["tiles"]
     out = {"ctas": sum(1 for c in range(ctas) if cta[c][TILES0] or cta[c][TILES1]), "tiles": tiles,
            "across CTAs": across_ctas(cta, ctas),
            "phases": {p: quartiles(v) for p, v in phase_values.items()}, "handoff": quartiles(handoffs),
-           "idle per tile": quartiles(idle_per_tile), "producer lead": quartiles(lead)}
+           "idle per tile": quartiles(idle_per_tile), "producer lead": quartiles(lead),
+           "producer between tiles": quartiles(producer["between"]),
+           "first stage wait": quartiles(producer["stage wait"]),
+           "first load to data": quartiles(producer["to data"])}
     if k_blocks:
         issue = [v / k_blocks for v in phase_values["issue"]]
         out["issue per k-block"] = quartiles(issue)
@@ -150,13 +170,14 @@ def summarize(wg, cta, ctas: int, k_blocks: int | None = None, cycles_per_block:
 def report(name: str, s: dict) -> list[str]:
     lines = [f"{name}: {s['ctas']} CTAs, {s['tiles']} tiles; cycles, median [quartiles]"]
     rows = [*((p, s["phases"][p]) for p in PHASES), ("handoff", s["handoff"]), ("idle per tile", s["idle per tile"]),
-            ("producer lead", s["producer lead"])]
+            ("producer lead", s["producer lead"]), ("producer between tiles", s["producer between tiles"]),
+            ("first stage wait", s["first stage wait"]), ("first load to data", s["first load to data"])]
     if "issue per k-block" in s:
         rows.append(("issue per k-block", s["issue per k-block"]))
     for label, (q1, mid, q3) in rows:
-        lines.append(f"  {label:18s} {mid:10.0f} [{q1:.0f}-{q3:.0f}]")
+        lines.append(f"  {label:22s} {mid:10.0f} [{q1:.0f}-{q3:.0f}]")
     if "ideal per k-block" in s:
-        lines.append(f"  {'peak per k-block':18s} {s['ideal per k-block']:10.0f}")
+        lines.append(f"  {'peak per k-block':22s} {s['ideal per k-block']:10.0f}")
     a = s.get("across CTAs")
     if a:
         lines.append(f"  across CTAs: span {a['span us']:.1f} us, ends {a['end spread us']:.1f} us apart, "

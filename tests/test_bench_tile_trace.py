@@ -12,13 +12,14 @@ TIMELINE = [
 ]
 
 
-# the producer's (begin, end) of the CTA's tiles in load order: WG0 t0, WG1 t0, WG0 t1, WG1 t1
-LOADS = [[20, 90], [60, 1000], [900, 1900], [1800, 2700]]
+# the producer's (load() entered, first stage free, load() returned) of the CTA's tiles in load order:
+# WG0 t0, WG1 t0, WG0 t1, WG1 t1
+LOADS = [[20, 40, 90], [100, 130, 1000], [1050, 1060, 1900], [1950, 2500, 2700]]
 
 
 def buffer(ctas: int = 3, tiles: int = 4):
     wg = [[[[0] * 7 for _ in range(tiles)] for _ in range(2)] for _ in range(ctas)]
-    loads = [[[0, 0] for _ in range(2 * tiles)] for _ in range(ctas)]
+    loads = [[[0, 0, 0] for _ in range(2 * tiles)] for _ in range(ctas)]
     cta = [[0] * 8 for _ in range(ctas)]
     for w in (0, 1):
         for t, ev in enumerate(TIMELINE[w]):
@@ -44,9 +45,13 @@ def test_one_ctas_phases_handoffs_and_idle_tensor_time():
     assert s["handoffs"] == [20, 50, 30]
     # busy [150, 1200], [1030, 2100], [1960, 3000], [3100, 3900]: a 100-cycle hole in a 3750-cycle span
     assert s["idle"] == 100
-    assert s["lead"] == [80, 960, 1050, 1030]     # pingpong: load p is warp group p % 2's tile p // 2
+    assert s["lead"] == [80, 920, 900, 880]       # pingpong: load p is warp group p % 2's tile p // 2
+    assert s["to data"] == [110, 900, 900, 600]   # first stage free -> the consumer's data
+    assert s["stage wait"] == [20, 30, 10, 550]   # load() entered -> first stage free
+    assert s["between"] == [10, 50, 50]           # load() returned -> the next load() entered
     cooperative = tt.cta_summary(wg[1], (2, 2), loads[1][:4], pingpong=False)
-    assert cooperative["lead"] == [80, 1890]        # cooperative: load p is tile p of both warp groups
+    assert cooperative["lead"] == [80, 1850]        # cooperative: load p is tile p of both warp groups
+    assert cooperative["to data"] == [110, 1830]
     assert cooperative["handoffs"] == [] and cooperative["idle"] == 100
 
 
@@ -59,7 +64,10 @@ def test_the_summary_skips_ctas_that_recorded_nothing_and_reports_per_k_block():
     assert s["handoff"] == (25.0, 30.0, 40.0)
     assert s["idle per tile"] == (25.0, 25.0, 25.0)
     assert s["issue per k-block"][1] == 422.5
-    assert s["producer lead"][1] == 995.0
+    assert s["producer lead"][1] == 890.0
+    assert s["producer between tiles"] == (30.0, 50.0, 50.0)
+    assert s["first stage wait"] == (17.5, 25.0, 160.0)
+    assert s["first load to data"] == (477.5, 750.0, 900.0)
     lines = tt.report("plain", s)
     assert lines[0] == "plain: 1 CTAs, 4 tiles; cycles, median [quartiles]"
     assert lines[2].split() == ["data", "30", "[10-105]"]

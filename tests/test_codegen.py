@@ -449,7 +449,7 @@ def test_nvcc_builds_a_traced_kernel_whose_buffer_layout_the_bench_reads(tmp_pat
     layout = (ctypes.c_int * 6)()
     assert lib.function("epic_trace_layout")(layout) == 0
     ctas, tiles, events, load_events, words, size = list(layout)
-    assert (ctas, tiles, events, load_events, words) == (264, 128, 7, 2, 8)
+    assert (ctas, tiles, events, load_events, words) == (264, 128, 7, 3, 8)
     assert size == 8 * (ctas * 2 * tiles * events + ctas * 2 * tiles * load_events + ctas * words)
     assert lib.function("epic_trace_read") is not None and lib.function("epic_trace_clear") is not None
     assert lib.function("epic_trace_nothing") is None

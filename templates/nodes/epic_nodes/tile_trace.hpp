@@ -30,8 +30,9 @@ enum Event : int {
   kEpiEnd = 6,       // store_tail() returned: its TMA stores have read shared memory (pingpong)
   kWgEvents = 7
 };
-// the producer's loads of one tile (in the order the CTA runs its tiles)
-enum LoadEvent : int { kLoadBegin = 0, kLoadEnd = 1, kLoadEvents = 2 };
+// the producer's loads of one tile (in the order the CTA runs its tiles): load() entered, the tile's first
+// stage found free (its first TMA load follows at once), load() returned (its last TMA load issued)
+enum LoadEvent : int { kLoadBegin = 0, kLoadFree = 1, kLoadEnd = 2, kLoadEvents = 3 };
 // per CTA: the SM it ran on, globaltimer (ns) and clock64 read together at its first tile and again at
 // each epilogue's end (the last one stays: when the CTA finished), tiles seen per consumer warp group,
 // tiles the producer loaded
@@ -95,10 +96,20 @@ template <class Base>
 struct TracedMainloop : Base {
   int tile_ = 0;        // this thread's tiles so far: a consumer's mma() turns, the producer's load() calls
 
-  template <class... Args>
-  CUTLASS_DEVICE void load(Args&&... args) {
+  // CUTLASS's load(params, pipeline, first stage, inputs, tile, k-block iterator, k-block count, ...).
+  // The first stage's empty barrier is polled (a read: no arrival, no expected bytes) before Base::load's
+  // own wait, which then passes at once: when it turns is when the tile's first TMA load can go.
+  template <class MainloopParams, class Pipeline, class State, class Inputs, class Tile, class KIterator,
+            class... Rest>
+  CUTLASS_DEVICE void load(MainloopParams const& params, Pipeline pipeline, State write, Inputs const& inputs,
+                           Tile const& tile, KIterator k_iter, int k_tiles, Rest&&... rest) {
     load_event(tile_, kLoadBegin);
-    Base::load(std::forward<Args>(args)...);
+    if (k_tiles > 0) {
+      while (pipeline.producer_try_acquire(write).get() != cutlass::BarrierStatus::WaitDone) {
+      }
+    }
+    load_event(tile_, kLoadFree);
+    Base::load(params, pipeline, write, inputs, tile, k_iter, k_tiles, std::forward<Rest>(rest)...);
     load_event(tile_, kLoadEnd);
     ++tile_;
   }
