@@ -130,9 +130,9 @@ def test_serpentine_names_its_kernel_and_changes_only_the_scheduler():
     [(spec, serp)] = emit.units(prog, emit.kernel_configs(prog, 8192, {"plain": {"tile_order": "serpentine"}}, SIZES))
     assert serp.name == base.name + "_serp" and str(spec.config).endswith(" tile_order=serpentine")
     assert "Serpentine" not in base.source and "serpentine_tile" not in base.source
-    assert serp.source.count("class SerpentineTileScheduler") == 1
+    assert serp.source.count("using SerpentineTileScheduler = GroupedTileSchedulerT<SerpentineOrder>;") == 1
     assert serp.source.count("inline TileCoord serpentine_tile(") == 1
-    assert serp.source.index("class SerpentineTileScheduler") < serp.source.index("namespace epic_kernel {")
+    assert serp.source.index("using SerpentineTileScheduler") < serp.source.index("namespace epic_kernel {")
     # of the default kernel's lines, only the scheduler's, the configuration's comment and the library's
     # description of itself change
     removed = [d[2:] for d in difflib.ndiff(base.source.splitlines(), serp.source.splitlines()) if d[:2] == "- "]

@@ -12,19 +12,12 @@ namespace epic_scheduler {
 
 struct SerpentinePersistentScheduler {};   // the tag GemmUniversal takes
 
-class SerpentineTileScheduler : public GroupedTileScheduler {
-  using Base = GroupedTileScheduler;
-
- public:
-  using Base::Base;
-  using Params = Base::Params;
-  using Arguments = Base::Arguments;
-  using WorkTileInfo = Base::WorkTileInfo;
-
-  CUTLASS_DEVICE WorkTileInfo reflected(WorkTileInfo work) const {
+// moves each tile the grouped scheduler decodes to its place in the serpentine order
+struct SerpentineOrder {
+  template <class Work, class Params>
+  CUTLASS_HOST_DEVICE static Work apply(Work work, Params const& p) {
     if (work.is_valid()) {
-      Params const& p = scheduler_params;
-      bool const along_n = p.raster_order_ == RasterOrder::AlongN;
+      bool const along_n = p.raster_order_ == decltype(p.raster_order_)::AlongN;
       int32_t const major = int32_t(p.divmod_cluster_shape_major_.divisor);
       int32_t const minor = int32_t(p.divmod_cluster_shape_minor_.divisor);
       TileCoord t = serpentine_tile(work.M_idx, work.N_idx, along_n ? minor : major, along_n ? major : minor,
@@ -34,32 +27,9 @@ class SerpentineTileScheduler : public GroupedTileScheduler {
     }
     return work;
   }
-
-  // what the kernels call for a tile (the base's, reflected)
-  CUTLASS_DEVICE WorkTileInfo get_current_work_for_linear_idx(uint64_t linear_idx) const {
-    return reflected(Base::get_current_work_for_linear_idx(linear_idx));
-  }
-
-  CUTLASS_DEVICE WorkTileInfo get_current_work() const { return reflected(Base::get_current_work()); }
-
-  template <class ClusterShape>
-  CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape) {
-    return get_current_work();
-  }
-
-  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo work) {
-    if (continue_current_work(work)) {
-      return cute::make_tuple(work, true);
-    }
-    advance_to_next_work();
-    return cute::make_tuple(get_current_work(), true);
-  }
-
-  template <class TileSchedulerPipeline, class TileSchedulerPipelineState>
-  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo work, TileSchedulerPipeline&, TileSchedulerPipelineState) {
-    return fetch_next_work(work);
-  }
 };
+
+using SerpentineTileScheduler = GroupedTileSchedulerT<SerpentineOrder>;
 
 }  // namespace epic_scheduler
 
