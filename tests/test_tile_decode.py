@@ -32,9 +32,9 @@ int run(int M, int N, int L, int swizzle, int raster) {
                                       Shape<Int<CM>, Int<CN>, _1>{}, hw, args);
   epic_scheduler::TileDecode const& d = p.decode;
   printf("fast %d tiles %u per_problem %d minor %u major %u clusters_major %d log_group %u along_n %d\n",
-         int(p.fast), d.tiles, d.per_problem.divisor, d.minor_size, d.major_size, d.clusters_major.divisor,
+         int(p.fast), unsigned(p.blocks_per_problem_), d.per_problem.divisor, d.minor_size, d.major_size, d.clusters_major.divisor,
          d.log_group, int(d.along_n));
-  for (uint32_t i = 0; i < d.tiles; ++i)
+  for (uint32_t i = 0; i < uint32_t(p.blocks_per_problem_); ++i)
     for (uint32_t cm = 0; cm < CM; ++cm)
       for (uint32_t cn = 0; cn < CN; ++cn) {
         auto t = d(i, cm, cn);

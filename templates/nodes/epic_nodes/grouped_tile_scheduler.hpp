@@ -120,7 +120,6 @@ class GroupedTileSchedulerT : public cutlass::gemm::kernel::detail::PersistentTi
     params.fast = params.blocks_per_problem_ < (uint64_t(1) << 31);
     if (params.fast) {
       TileDecode& d = params.decode;
-      d.tiles = uint32_t(params.blocks_per_problem_);
       d.batched = params.divmod_batch_.divisor < params.blocks_per_problem_;
       d.per_problem = cutlass::FastDivmod(int(params.divmod_batch_.divisor));
       d.minor_shift = params.divmod_cluster_shape_minor_.shift_right;

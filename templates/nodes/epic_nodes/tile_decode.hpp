@@ -2,9 +2,9 @@
 // work index to a tile's (m, n, l): batch, cluster, swizzle group, raster direction) computed in 32-bit
 // integers with its two non-power-of-two divisions prepared on the host. CUTLASS's computes it in 64-bit
 // integers (each division a chain of wide multiplies) and reads the CTA's place in its cluster from
-// special registers on every call. The producer warp runs it between one tile's last TMA load and the
-// next tile's first, where the mainloop's pipeline leaves it one k-block's time (768 cycles for
-// 128x192x64 at the tensor cores' peak); the same tiles in the same order, in fewer dependent steps.
+// special registers on every call. Every warp runs it once per tile (the producer between one tile's
+// last TMA load and the next tile's first); this gives the same tiles in the same order in fewer
+// dependent steps (docs/PERFORMANCE.md, "The scheduler's tile decode").
 // Used where every linear index fits 31 bits (the scheduler falls back to CUTLASS's otherwise).
 #pragma once
 
@@ -14,7 +14,6 @@
 namespace epic_scheduler {
 
 struct TileDecode {
-  uint32_t tiles = 0;              // the padded grid's tiles (CUTLASS's blocks_per_problem_)
   bool batched = false;            // more than one problem in the batch: divide by the tiles of one
   cutlass::FastDivmod per_problem{1};
   uint32_t minor_shift = 0;        // log2 of the cluster's extent along the grouped dimension
@@ -28,7 +27,7 @@ struct TileDecode {
     int32_t m, n, l;
   };
 
-  // tile `index` (< tiles) of the CTA at (cta_m, cta_n) in its cluster: CUTLASS's
+  // tile `index` (< the padded grid's tiles) of the CTA at (cta_m, cta_n) in its cluster: CUTLASS's
   // PersistentTileSchedulerSm90::get_work_idx_m_and_n after its batch division, step for step
   CUTLASS_HOST_DEVICE Tile operator()(uint32_t index, uint32_t cta_m, uint32_t cta_n) const {
     int l = 0, rest = int(index);
