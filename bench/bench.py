@@ -289,12 +289,11 @@ def allow_tile_widths(text: str) -> tuple[int, ...]:
 
 
 def parse_config(key: str) -> dict:
-    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold][_tiles][_serp][_nohint][_pn2]' ->
-    {'schedule': 'cooperative', 'tile': (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile,
-    tile-scheduler swizzle, raster (m or n), split-K count, combine=fold, trace=tiles, tile_order=serpentine,
-    load_hint=none and prefetch_next=N. Without the schedule, tile and cluster ('fold', 'rn', 'rn_s4', 'tiles',
-    'serp', 'serp_nohint', 'pn2'): the default configuration with those changes ('rm', 'rn', 's4': the same
-    built kernel)."""
+    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold][_tiles][_serp][_nohint]' -> {'schedule':
+    'cooperative', 'tile': (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler
+    swizzle, raster (m or n), split-K count, combine=fold, trace=tiles, tile_order=serpentine and
+    load_hint=none. Without the schedule, tile and cluster ('fold', 'rn', 'rn_s4', 'tiles', 'serp',
+    'serp_nohint'): the default configuration with those changes ('rm', 'rn', 's4': the same built kernel)."""
     parts = key.split("_")
     cfg: dict = {}
     if parts[0] in SCHEDULES:
@@ -308,8 +307,6 @@ def parse_config(key: str) -> dict:
             cfg["swizzle"] = int(extra[1:])
         elif extra[0] == "k" and extra[1:].isdigit():
             cfg["splits"] = int(extra[1:])
-        elif extra[:2] == "pn" and extra[2:].isdigit():
-            cfg["prefetch_next"] = int(extra[2:])
         elif extra in ("rm", "rn"):
             cfg["raster"] = extra[1]
         elif extra == "fold":

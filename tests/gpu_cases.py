@@ -103,13 +103,6 @@ LOAD_HINT_CASES = [("samples/residual_rmsnorm.epi", (8191, 392, 200), {}),
                    ("samples/bias_gelu.epi", (333, 2304, 136), {"swizzle": 2}),
                    ("samples/swiglu.epi", (8191, 392, 200), {"tile_order": "serpentine"}),
                    ("samples/prenorm_mlp.epi", (77, 392, 200), {})]
-# prefetch_next=N (the producer asks L2 for its next tile's first k-blocks): CTAs with several tiles, K
-# shorter than the look-ahead point and ragged; the serpentine order and no load hint beside it
-PREFETCH_NEXT_CASES = [("samples/residual_rmsnorm.epi", (8191, 392, 200), {"prefetch_next": 2}),
-                       ("samples/bias_gelu.epi", (333, 2304, 1096), {"prefetch_next": 4, "swizzle": 2}),
-                       ("samples/cross_entropy.epi", (8191, 392, 200), {"prefetch_next": 1}),
-                       ("samples/swiglu.epi", (8191, 392, 200),
-                        {"prefetch_next": 2, "tile_order": "serpentine", "load_hint": "none"})]
 
 # Sizes GPU tests use besides SIZES, as (program, sizes): tests/prebuild.py builds their kernels too
 XENT_SIZES = [(64, 128256), (333, 50304), (8, 1000)]      # (M, V) of test_cross_entropy_without_logits, D = 256

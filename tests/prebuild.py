@@ -12,8 +12,8 @@ import epic
 from epic.codegen import emit
 from epic.runtime import build
 
-from .gpu_cases import (CLUSTER_1X2_CASE, LOAD_HINT_CASES, PREFETCH_NEXT_CASES, PROGRAMS, SERPENTINE_CASES,
-                        SIZES, SPLIT_CASES, cluster_1x2_config, fold_config, folds, gemm_options, own_size_cases, path, split_k_config)
+from .gpu_cases import (CLUSTER_1X2_CASE, LOAD_HINT_CASES, PROGRAMS, SERPENTINE_CASES, SIZES, SPLIT_CASES,
+                        cluster_1x2_config, fold_config, folds, gemm_options, own_size_cases, path, split_k_config)
 
 # the benchmark's identity epilogue, at its square shape (bench/prebuild.py builds the rest)
 EXTRA = {"bench/programs/plain.epi": lambda m, n, k: dict(M=m, K=4096, N=4096)}
@@ -56,9 +56,6 @@ def main(argv: list[str] | None = None) -> int:
          for name, size, extra in LOAD_HINT_CASES] + \
         [(name, table[name](*size), ("options", {"load_hint": "evict_normal", **extra}))
          for name, size, extra in LOAD_HINT_CASES] + \
-        [(name, table[name](*size), ("options", extra)) for name, size, extra in PREFETCH_NEXT_CASES] + \
-        [(name, table[name](*size), ("options", {**extra, "prefetch_next": 0}))
-         for name, size, extra in PREFETCH_NEXT_CASES] + \
         [(name, sizes, None) for name, sizes in own_size_cases()]        # tests with sizes of their own
     programs = {}
     for name, sizes, variant in cases:

@@ -464,13 +464,11 @@ def test_nvcc_builds_a_serpentine_kernel(tmp_path, monkeypatch):
 
 
 @pytest.mark.nvcc
-def test_nvcc_builds_epics_producer_without_a_cache_policy_asking_for_the_next_tile(tmp_path, monkeypatch):
-    """epic's producer (epic_nodes/producer_loads_mainloop.hpp) with load_hint=none and prefetch_next=2
-    compiles in place of CUTLASS's with the pingpong kernel and the library loads with the default
-    kernel's C ABI."""
-    spec, lib = _build_plain(tmp_path, monkeypatch, {"load_hint": "none", "prefetch_next": 2},
-                             dict(M=8192, K=4096, N=28672))
-    assert lib.info["kernel"] == spec.name and lib.info["config"] == "ping_128x192x64_c2x1_nohint_pn2"
+def test_nvcc_builds_a_kernel_whose_loads_carry_no_cache_policy(tmp_path, monkeypatch):
+    """load_hint=none's producer (epic_nodes/unhinted_loads_mainloop.hpp) compiles in place of CUTLASS's
+    with the pingpong kernel and the library loads with the default kernel's C ABI."""
+    spec, lib = _build_plain(tmp_path, monkeypatch, {"load_hint": "none"}, dict(M=8192, K=4096, N=28672))
+    assert lib.info["kernel"] == spec.name and lib.info["config"] == "ping_128x192x64_c2x1_nohint"
 
 
 def _build_plain(tmp_path, monkeypatch, options: dict, sizes: dict):

@@ -26,7 +26,7 @@ from epic import dtypes, reference
 from epic.diagnostics import EpicError
 
 from .gpu_cases import (CLUSTER_1X2_CASE, DEPENDENT_FIRST_CASES, DETERMINISM_CASES, HF_BLOCK_CASE, MEMCHECK_CASES,
-                        LOAD_HINT_CASES, PREFETCH_NEXT_CASES, PROGRAMS, QUANT_SIZES, SERPENTINE_CASES, SIZES, SPLIT_CASES,
+                        LOAD_HINT_CASES, PROGRAMS, QUANT_SIZES, SERPENTINE_CASES, SIZES, SPLIT_CASES,
                         TORCH_COMPILE_CASE, XENT_D, XENT_SIZES, cluster_1x2_config, fold_config, folds, gemm_options,
                         make_inputs, path, split_k_config, to_device)
 
@@ -201,13 +201,6 @@ def test_loads_without_a_cache_policy_match_reference_and_the_default_bit_for_bi
     """load_hint=none changes only the L2 policy the mainloop's TMA loads carry: within the reference's
     tolerance, and the same bytes as the kernels with CUTLASS's policy."""
     _check_same_bytes(name, size, {"load_hint": "none", **extra}, {"load_hint": "evict_normal"})
-
-
-@pytest.mark.parametrize("name, size, extra", PREFETCH_NEXT_CASES, ids=_ids(PREFETCH_NEXT_CASES))
-def test_asking_l2_for_the_next_tile_matches_reference_and_the_kernel_that_does_not_bit_for_bit(name, size, extra):
-    """prefetch_next=N only asks L2 for operands early (a hint): within the reference's tolerance, and the
-    same bytes as the same kernels without it."""
-    _check_same_bytes(name, size, extra, {"prefetch_next": 0})
 
 
 def _check_same_bytes(name, size, options: dict, baseline: dict):

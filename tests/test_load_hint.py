@@ -1,5 +1,5 @@
 """load_hint=none: the mainloop's TMA loads without CUTLASS's EVICT_NORMAL cache policy
-(templates/nodes/epic_nodes/producer_loads_mainloop.hpp). Its plan, its name, the one line of the
+(templates/nodes/epic_nodes/unhinted_loads_mainloop.hpp). Its plan, its name, the one line of the
 default kernel it changes (the default kernel's text unchanged), the file option and its refusals; the
 nvcc build is in test_codegen.py, the GPU comparison with the default kernel in test_gpu.py."""
 import difflib
@@ -16,8 +16,8 @@ from .conftest import ROOT, diagnose, planned_plain
 
 PLAIN = ROOT / "bench" / "programs" / "plain.epi"
 SIZES = dict(M=8192, K=4096, N=28672)
-WRAPPED = ("using CollectiveMainloop = epic_mainloop::ProducerLoads<epic_mainloop::L2PrefetchMainloop<BuiltMainloop, "
-           "192, 64>, epic_scheduler::GroupedTileScheduler, false, 0>;")
+WRAPPED = ("using CollectiveMainloop = epic_mainloop::UnhintedLoads<epic_mainloop::L2PrefetchMainloop<BuiltMainloop, "
+           "192, 64>>;")
 
 
 def _units(options: dict | None):
@@ -30,15 +30,13 @@ def test_no_hint_names_its_kernel_and_wraps_only_the_mainloop():
     _, base = _units(None)
     spec, unhinted = _units({"load_hint": "none"})
     assert unhinted.name == base.name + "_nohint" and str(spec.config).endswith(" load_hint=none")
-    assert "ProducerLoads" not in base.source
-    assert unhinted.source.count("struct ProducerLoads : Mainloop") == 1
-    assert unhinted.source.index("struct ProducerLoads") < unhinted.source.index("namespace epic_kernel {")
-    # without the hint the loads' policy is the constant 0 (ptxas then emits UTMALDG ... desc[URZ]), on
-    # A's and B's copies
-    assert ("kPolicy = kHinted ? TMA::CacheHintSm90::EVICT_NORMAL : static_cast<TMA::CacheHintSm90>(0)"
-            in unhinted.source)
-    assert unhinted.source.count(".with(*full, mask_a, kPolicy)") == 1
-    assert unhinted.source.count(".with(*full, mask_b, kPolicy)") == 1
+    assert "UnhintedLoads" not in base.source
+    assert unhinted.source.count("struct UnhintedLoads : Mainloop") == 1
+    assert unhinted.source.index("struct UnhintedLoads") < unhinted.source.index("namespace epic_kernel {")
+    # the loads' policy is the constant 0 (ptxas then emits UTMALDG ... desc[URZ]), on A's and B's copies
+    assert "static_cast<TMA::CacheHintSm90>(0)" in unhinted.source
+    assert unhinted.source.count(".with(*full, mask_a, kNoPolicy)") == 1
+    assert unhinted.source.count(".with(*full, mask_b, kNoPolicy)") == 1
     # of the default kernel's lines, only the mainloop's, the configuration's comment and the library's
     # description of itself change
     removed = [d[2:] for d in difflib.ndiff(base.source.splitlines(), unhinted.source.splitlines()) if d[:2] == "- "]
@@ -52,9 +50,8 @@ def test_no_hint_names_its_kernel_and_wraps_only_the_mainloop():
 def test_no_hint_goes_inside_the_trace_and_beside_serpentine():
     spec, unit = _units({"load_hint": "none", "trace": "tiles", "tile_order": "serpentine"})
     assert unit.name.endswith("_tiles_serp_nohint")
-    assert ("using CollectiveMainloop = epic_trace::TracedMainloop<epic_mainloop::ProducerLoads<"
-            "epic_mainloop::L2PrefetchMainloop<BuiltMainloop, 192, 64>, epic_scheduler::SerpentineTileScheduler, "
-            "false, 0>>;") in unit.source.splitlines()
+    assert ("using CollectiveMainloop = epic_trace::TracedMainloop<epic_mainloop::UnhintedLoads<"
+            "epic_mainloop::L2PrefetchMainloop<BuiltMainloop, 192, 64>>>;") in unit.source.splitlines()
     assert "epic_scheduler::SerpentinePersistentScheduler>;" in [x.strip() for x in unit.source.splitlines()]
 
 

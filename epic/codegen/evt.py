@@ -81,16 +81,14 @@ class KernelSpec:
     @property
     def mainloop(self) -> str:
         """The mainloop collective: CUTLASS's (BuiltMainloop) as the split-K kernel takes it, else wrapped,
-        innermost first, in the L2 prefetch of a programmatic dependent (l2_prefetch_mainloop.hpp), epic's
-        producer where load_hint=none or prefetch_next=N ask for it (producer_loads_mainloop.hpp) and the
+        innermost first, in the L2 prefetch of a programmatic dependent (l2_prefetch_mainloop.hpp), the
+        producer without a cache policy where load_hint=none (unhinted_loads_mainloop.hpp) and the
         recorder of trace=tiles (tile_trace.hpp)."""
         if self.config.split_k:
             return "BuiltMainloop"
         out = f"epic_mainloop::L2PrefetchMainloop<BuiltMainloop, {self.config.tile[1]}, {self.config.tile[2]}>"
-        if self.own_producer:
-            hinted = "true" if self.config.load_hint == "evict_normal" else "false"
-            out = (f"epic_mainloop::ProducerLoads<{out}, {self.scheduler_class}, {hinted}, "
-                   f"{self.config.prefetch_next}>")
+        if self.config.load_hint == "none":
+            out = f"epic_mainloop::UnhintedLoads<{out}>"
         if self.config.trace == "tiles":
             out = f"epic_trace::TracedMainloop<{out}>"
         return out
@@ -104,18 +102,7 @@ class KernelSpec:
         return (["epic_nodes/grouped_tile_scheduler.hpp", "epic_nodes/l2_prefetch_mainloop.hpp"]
                 + (["epic_nodes/tile_trace.hpp"] if self.config.trace == "tiles" else [])
                 + (["epic_nodes/serpentine_tile_scheduler.hpp"] if self.config.tile_order == "serpentine" else [])
-                + (["epic_nodes/producer_loads_mainloop.hpp"] if self.own_producer else []))
-
-    @property
-    def own_producer(self) -> bool:
-        """The producer's loads are epic's (producer_loads_mainloop.hpp), not CUTLASS's."""
-        return not self.config.split_k and (self.config.load_hint != "evict_normal" or self.config.prefetch_next > 0)
-
-    @property
-    def scheduler_class(self) -> str:
-        """The persistent scheduler's class (what the tag in tile_scheduler selects)."""
-        return ("epic_scheduler::SerpentineTileScheduler" if self.config.tile_order == "serpentine"
-                else "epic_scheduler::GroupedTileScheduler")
+                + (["epic_nodes/unhinted_loads_mainloop.hpp"] if self.config.load_hint == "none" else []))
 
 
 class Builder:

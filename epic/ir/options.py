@@ -25,12 +25,9 @@ TRACES = ("off", "tiles")
 # templates/nodes/epic_nodes/serpentine_tile_scheduler.hpp). Built into the kernel.
 TILE_ORDERS = ("linear", "serpentine")
 # the L2 cache policy the mainloop's TMA loads of A and B carry: CUTLASS's EVICT_NORMAL operand, or none
-# (QuACK's sm90 loads: SASS `desc[URZ]`; templates/nodes/epic_nodes/producer_loads_mainloop.hpp).
+# (QuACK's sm90 loads: SASS `desc[URZ]`; templates/nodes/epic_nodes/unhinted_loads_mainloop.hpp).
 # Built into the kernel.
 LOAD_HINTS = ("evict_normal", "none")
-# how many k-blocks of the CTA's next tile the producer asks L2 for while it loads the current one
-# (0: none; templates/nodes/epic_nodes/producer_loads_mainloop.hpp). Built into the kernel.
-PREFETCH_NEXT = (0, 1, 2, 4)
 TILE_M = (64, 128, 256)
 TILE_N = (64, 128, 192, 256)
 TILE_K = (64, 128)
@@ -42,8 +39,8 @@ SIZE_OPTIONS = {"tile": ((2, 3), "128x128x64"), "cluster": ((2,), "2x1"), "epi_t
 CHOICE_OPTIONS = {"backend": BACKENDS, "schedule": SCHEDULES, "aux_load": AUX_LOADS, "raster": RASTERS, "combine": COMBINES,
                   "swizzle": tuple(str(s) for s in SWIZZLES), "splits": tuple(str(s) for s in SPLITS),
                   "trace": TRACES, "tile_order": TILE_ORDERS,
-                  "load_hint": LOAD_HINTS, "prefetch_next": tuple(str(p) for p in PREFETCH_NEXT)}
-INT_OPTIONS = ("swizzle", "splits", "prefetch_next")
+                  "load_hint": LOAD_HINTS}
+INT_OPTIONS = ("swizzle", "splits")
 # options that change what the program computes, not how fast: the file says them, a call cannot
 # (b_major: the memory order of a B operand declared inline: K-major, the default, or N-major)
 SEMANTIC_OPTIONS = {"accumulate": ("f32", "f16"), "b_major": ("k", "n")}
@@ -70,15 +67,12 @@ def value_problem(key: str, value) -> str | None:
         return "swizzle must be " + _or(SWIZZLES)
     if key == "splits" and int(value) not in SPLITS:
         return "splits must be " + _or(SPLITS)
-    if key == "prefetch_next" and int(value) not in PREFETCH_NEXT:
-        return "prefetch_next must be " + _or(PREFETCH_NEXT)
     return None
 
 
 def combination_problems(schedule: str, tile: tuple[int, int, int], epi_tile: tuple[int, int] | None,
                          splits: int = 1, combine: str = "kernel", trace: str = "off",
-                         tile_order: str = "linear", load_hint: str = "evict_normal",
-                         prefetch_next: int = 0) -> list[str]:
+                         tile_order: str = "linear", load_hint: str = "evict_normal") -> list[str]:
     """What CUTLASS's sm90 schedules refuse in a complete configuration."""
     m, n, _ = tile
     out = []
@@ -91,9 +85,6 @@ def combination_problems(schedule: str, tile: tuple[int, int, int], epi_tile: tu
     if load_hint != "evict_normal" and splits > 1:
         out.append(f"load_hint={load_hint} changes the persistent kernels' mainloop; the split-K kernel "
                    f"(splits={splits}) keeps CUTLASS's")
-    if prefetch_next and splits > 1:
-        out.append(f"prefetch_next={prefetch_next} asks for the persistent scheduler's next tile; the split-K "
-                   f"kernel (splits={splits}) has CUTLASS's stream-K scheduler and mainloop")
     if splits > 1 and combine == "fold":
         out.append(f"combine=fold does not work with splits={splits} (the split-K scheduler's epilogue is not "
                    "the one that merges a row block); use combine=kernel")

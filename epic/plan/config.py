@@ -61,11 +61,8 @@ class KernelConfig:
     # the swizzle walked backwards; templates/nodes/epic_nodes/serpentine_tile_scheduler.hpp)
     tile_order: str = "linear"
     # the L2 policy of the mainloop's TMA loads: "evict_normal" (CUTLASS's) or "none" (no policy operand;
-    # templates/nodes/epic_nodes/producer_loads_mainloop.hpp)
+    # templates/nodes/epic_nodes/unhinted_loads_mainloop.hpp)
     load_hint: str = "evict_normal"
-    # k-blocks of the CTA's next tile the producer asks L2 for while loading the current one (0: none;
-    # producer_loads_mainloop.hpp)
-    prefetch_next: int = 0
 
     @property
     def vendor(self) -> bool:
@@ -95,8 +92,7 @@ class KernelConfig:
                 + (f" combine={self.combine}" if self.combine != "kernel" else "")
                 + (f" trace={self.trace}" if self.trace != "off" else "")
                 + (f" tile_order={self.tile_order}" if self.tile_order != "linear" else "")
-                + (f" load_hint={self.load_hint}" if self.load_hint != "evict_normal" else "")
-                + (f" prefetch_next={self.prefetch_next}" if self.prefetch_next else ""))
+                + (f" load_hint={self.load_hint}" if self.load_hint != "evict_normal" else ""))
 
     def key(self) -> str:
         """Names the built kernel: only what changes the code (not swizzle/raster/the split count)."""
@@ -109,8 +105,7 @@ class KernelConfig:
                 + ("_fold" if self.combine == "fold" else "")
                 + (f"_{self.trace}" if self.trace != "off" else "")
                 + ("_serp" if self.tile_order == "serpentine" else "")
-                + ("_nohint" if self.load_hint == "none" else "")
-                + (f"_pn{self.prefetch_next}" if self.prefetch_next else ""))
+                + ("_nohint" if self.load_hint == "none" else ""))
 
     @property
     def split_k(self) -> bool:
@@ -122,7 +117,6 @@ def problems(cfg: KernelConfig) -> list[str]:
         return [f"backend must be one of {', '.join(BACKENDS)}"]
     out = [p for p in (vocab.value_problem("tile", cfg.tile), vocab.value_problem("cluster", cfg.cluster),
                        vocab.value_problem("swizzle", cfg.swizzle), vocab.value_problem("splits", cfg.splits),
-                       vocab.value_problem("prefetch_next", cfg.prefetch_next),
                        vocab.value_problem("epi_tile", cfg.epi_tile) if cfg.epi_tile else None) if p]
     if cfg.schedule not in SCHEDULES:
         out.append(f"unknown schedule '{cfg.schedule}' (use {' or '.join(SCHEDULES)})")
@@ -139,7 +133,7 @@ def problems(cfg: KernelConfig) -> list[str]:
     if cfg.load_hint not in vocab.LOAD_HINTS:
         out.append(f"load_hint must be one of {', '.join(vocab.LOAD_HINTS)}")
     return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits, cfg.combine,
-                                            cfg.trace, cfg.tile_order, cfg.load_hint, cfg.prefetch_next)
+                                            cfg.trace, cfg.tile_order, cfg.load_hint)
 
 
 def _backend(kernel, override: dict | None) -> str | None:
@@ -485,8 +479,7 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
                                int(source.get("swizzle", cfg.swizzle)), source.get("raster", cfg.raster), splits,
                                source.get("combine", cfg.combine), trace=source.get("trace", cfg.trace),
                                tile_order=source.get("tile_order", cfg.tile_order),
-                               load_hint=source.get("load_hint", cfg.load_hint),
-                               prefetch_next=int(source.get("prefetch_next", cfg.prefetch_next)))
+                               load_hint=source.get("load_hint", cfg.load_hint))
     if split_cluster and not cluster_fixed and not any(split_block(cfg, b) for b in blocks):
         cfg = replace(cfg, cluster=(1, 1))     # an override made the tile (or split-K) leave the blocks whole
     if not tile_fixed:

@@ -61,8 +61,6 @@ def override(cfg: config_mod.KernelConfig) -> dict:
         out["tile_order"] = cfg.tile_order
     if cfg.load_hint != "evict_normal":
         out["load_hint"] = cfg.load_hint
-    if cfg.prefetch_next:
-        out["prefetch_next"] = cfg.prefetch_next
     return out
 
 

@@ -65,12 +65,6 @@ class GroupedTileSchedulerT : public cutlass::gemm::kernel::detail::PersistentTi
 
   CUTLASS_DEVICE WorkTileInfo get_current_work() const { return get_current_work_for_linear_idx(index_); }
 
-  // the tile this CTA takes `ahead` tiles after its current one (a producer asking L2 for it early:
-  // epic_nodes/producer_loads_mainloop.hpp)
-  CUTLASS_DEVICE WorkTileInfo work_ahead(uint32_t ahead) const {
-    return get_current_work_for_linear_idx(index_ + stride_ * uint64_t(ahead));
-  }
-
   template <class ClusterShape>
   CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape) {
     return get_current_work();
