@@ -10,10 +10,12 @@ the epic cache (EPIC_CACHE_DIR); build them ahead on a CPU machine with bench/pr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +27,28 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 D, DFF, DQKV, VOCAB = 4096, 14336, 6144, 128256
 bf = torch.bfloat16
+
+
+@contextlib.contextmanager
+def nodes_from(directory: str | None):
+    """Kernels generated inside read epic's custom node headers (templates/nodes: epic_nodes/*.hpp)
+    from `directory` instead of the package's, e.g. another commit's, written out with
+    `git archive HEAD templates/nodes | tar -x -C DIR --strip-components 2`. The generated source
+    prints the headers it uses, so its cache key (and library) is its own: an A/B of a node change in
+    one process. None: the package's headers."""
+    from epic.codegen import emit
+    if directory is None:
+        yield
+        return
+    root = Path(directory)
+    if not (root / "epic_nodes").is_dir():
+        raise SystemExit(f"--nodes-from {directory}: no epic_nodes/ in it")
+    saved = emit._header_file
+    emit._header_file = lambda name: (root / name).read_text()
+    try:
+        yield
+    finally:
+        emit._header_file = saved
 
 
 def bench(fn):
@@ -168,6 +192,14 @@ def w_xent(m):
     return gemm, eager, dict(x=x, w=w, label=y32)
 
 
+def w_xent_parts(*names):
+    """LM head + cross entropy's operands (w_xent), only those named."""
+    def make(m):
+        gemm, eager, inputs = w_xent(m)
+        return gemm, eager, {k: v for k, v in inputs.items() if k in ("x", "w") + names}
+    return make
+
+
 def w_fp8_quant(m):
     """1x128 block-scaled e4m3 write-back (DeepSeek-style) of x @ W, N = 4096."""
     x, w = rand(m, D), weight(D, D)
@@ -215,6 +247,7 @@ WORK = {
     "plain_qkv": ("bench/programs/plain.epi", lambda m: w_plain(m, DQKV)),
     "plain_ffn": ("bench/programs/plain.epi", lambda m: w_plain(m, DFF)),
     "plain_gate_up": ("bench/programs/plain.epi", lambda m: w_plain(m, 2 * DFF)),
+    "plain_vocab": ("bench/programs/plain.epi", lambda m: w_plain(m, VOCAB)),
     # N = K = 4096's 32 MB of weights as K / 2 x 2 N and K / 4 x 4 N: a decode gemm's time with its
     # K split over 2 or 4 times the CTAs (what a split-K inside a cluster would read per CTA)
     "plain_k2048": ("bench/programs/plain.epi", lambda m: w_plain(m, 2 * D, D // 2)),
@@ -235,6 +268,9 @@ WORK = {
     # QK-norm + RoPE's parts one at a time (beside `plain`, the same gemm): what each costs
     "qkparts_rope": ("bench/programs/qkparts_rope.epi", w_qk_parts("pos", "freq")),
     "qkparts_norm": ("bench/programs/qkparts_norm.epi", w_qk_parts("gamma")),
+    # cross entropy's parts one at a time (beside plain_vocab with xent's configuration): what each costs
+    "xent_lse_only": ("bench/programs/xent_lse_only.epi", w_xent_parts()),
+    "xent_pick_only": ("bench/programs/xent_pick_only.epi", w_xent_parts("label")),
     # bias + GELU's inputs without the activation: what GELU itself costs
     "bias_only": ("bench/programs/bias_only.epi", w_bias_gelu),
 }
@@ -256,6 +292,9 @@ DIMS = {
     "plain_qkv": lambda m: dict(M=m, K=D, N=DQKV),
     "plain_ffn": lambda m: dict(M=m, K=D, N=DFF),
     "plain_gate_up": lambda m: dict(M=m, K=D, N=2 * DFF),
+    "plain_vocab": lambda m: dict(M=m, K=D, N=VOCAB),
+    "xent_lse_only": lambda m: dict(M=m, D=D, V=VOCAB),
+    "xent_pick_only": lambda m: dict(M=m, D=D, V=VOCAB),
     "plain_k2048": lambda m: dict(M=m, K=D // 2, N=2 * D),
     "plain_k1024": lambda m: dict(M=m, K=D // 4, N=4 * D),
     "plain_gate_up_k1024": lambda m: dict(M=m, K=D // 4, N=2 * DFF),

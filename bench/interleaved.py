@@ -19,6 +19,9 @@ A configuration named `tuned` runs `epic tune` at the work's shape first and tim
 `dependent` with dependents at any row count (epic.plan.launch.DEPENDENT_ROWS lifted while it binds),
 `first` with a one-gemm program's gemm launched as a dependent of the kernel before the call
 (the default), `firstall` every program's first gemm, `infirst` none (EPIC_DEPENDENT_FIRST=0).
+`nodes` (with --nodes-from DIR) is the default configuration generated with the custom node headers
+in DIR (bench.py's nodes_from): another commit's nodes beside this one's, e.g. before and after a
+node change. Build its kernels with `bench/prebuild.py --nodes-from DIR`.
 
 --repeat N makes each run N calls back to back (cuBLAS's too), as a model's consecutive layers would:
 a call's first gemm then follows the previous call's last kernel. `--work a+b` runs work a's program
@@ -51,7 +54,7 @@ import epic  # noqa: E402
 from epic.runtime import fastcall  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import ROOT, WORK, allow_tile_widths, graphed, parse_config  # noqa: E402
+from bench import ROOT, WORK, allow_tile_widths, graphed, nodes_from, parse_config  # noqa: E402
 from profiling import l2_flush  # noqa: E402
 
 
@@ -75,6 +78,14 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False, repea
             if label == "tuned":      # what `epic tune` picks at this shape, timed beside the rest
                 config = tuned_config(base, path, inputs)
                 print(f"  {name} M={m} tuned: {config}", flush=True)
+            elif label == "nodes":    # the default configuration, generated from other node headers
+                with nodes_from(NODES_FROM):
+                    prog = epic.compile(os.path.join(ROOT, path))
+                    got = outputs(prog(**inputs))      # generates (and loads) its kernels
+                AGREEMENT[(name, m, label)] = agreement(want, got)
+                print(f"  {name} M={m} {label}: {AGREEMENT[(name, m, label)]}", flush=True)
+                out.append((label, wrap(lambda p=prog: p(**inputs))))
+                continue
             elif label in SWITCHES or label in PATCHES:   # the default with a launch rule changed
                 prog = bound_with_rule(path, inputs, label)
                 out.append((label, wrap(lambda p=prog: p(**inputs))))
@@ -93,6 +104,8 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False, repea
             print(f"  {name} M={m} {label}: {str(e).splitlines()[0][:160]}", flush=True)
     return out
 
+
+NODES_FROM: str | None = None      # --nodes-from: the node headers of the `nodes` candidate
 
 # (work, M, label) -> how a configuration's outputs compare with the default configuration's
 AGREEMENT: dict[tuple[str, int, str], str] = {}
@@ -249,10 +262,16 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "interleaved.json"))
     ap.add_argument("--tile-widths", default="", help="also tiles of these widths in --configs (bench.py's "
                     "allow_tile_widths: not checked on a GPU by epic's tests), e.g. 176,208")
+    ap.add_argument("--nodes-from", default=None, help="also time the default configuration generated with the "
+                    "custom node headers in this directory (candidate `nodes`, bench.py's nodes_from)")
     args = ap.parse_args()
     if args.tile_widths:
         allow_tile_widths(args.tile_widths)
     configs = [c for c in args.configs.split(",") if c]
+    if args.nodes_from:
+        global NODES_FROM
+        NODES_FROM = args.nodes_from
+        configs.append("nodes")
     print(torch.__version__, torch.cuda.get_device_name(), time.strftime("%Y-%m-%d"), flush=True)
     fastcall.library()      # built before any call: calls take the ctypes path while it builds
     results = []

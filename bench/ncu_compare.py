@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import epic  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import ROOT, WORK, parse_config  # noqa: E402
+from bench import ROOT, WORK, nodes_from, parse_config  # noqa: E402
 
 
 def quack_fn(name: str, inputs: dict):
@@ -53,6 +53,8 @@ def main() -> int:
     ap.add_argument("--work", default="plain_ffn")
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--config", default="", help="epic's configuration (bench.py's names), else its default")
+    ap.add_argument("--nodes-from", default=None, help="also epic generated with the custom node headers in this "
+                    "directory (bench.py's nodes_from), profiled after epic")
     args = ap.parse_args()
     path, make = WORK[args.work]
     gemm, _, inputs = make(args.rows)
@@ -61,6 +63,11 @@ def main() -> int:
         cfg = parse_config(args.config)
         prog = epic.compile(os.path.join(ROOT, path), {k.name: cfg for k in prog.program.kernels if k.kind == "gemm"})
     runs = [("cublas", gemm), ("epic", lambda: prog(**inputs))]
+    if args.nodes_from:
+        with nodes_from(args.nodes_from):
+            other = epic.compile(os.path.join(ROOT, path))
+            other(**inputs)         # generates (and loads) its kernels with those headers
+        runs.append(("epic-nodes", lambda: other(**inputs)))
     q = quack_fn(args.work, inputs)
     if q is not None:
         runs.append(("quack", q))

@@ -12,7 +12,7 @@ from epic.diagnostics import EpicError  # noqa: E402
 from epic.runtime import build, fastcall  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import DIMS, ROOT, WORK, allow_tile_widths, parse_config  # noqa: E402
+from bench import DIMS, ROOT, WORK, allow_tile_widths, nodes_from, parse_config  # noqa: E402
 
 
 def main() -> int:
@@ -21,6 +21,8 @@ def main() -> int:
     ap.add_argument("--work", default=",".join(WORK))
     ap.add_argument("--rows", default="8192,64")
     ap.add_argument("--tile-widths", default="", help="also tiles of these widths (bench.py's allow_tile_widths)")
+    ap.add_argument("--nodes-from", default=None, help="also the default configurations generated with the custom "
+                    "node headers in this directory (bench/interleaved.py's --nodes-from)")
     args = ap.parse_args()
     if args.tile_widths:
         allow_tile_widths(args.tile_widths)
@@ -39,6 +41,10 @@ def main() -> int:
                     continue
                 for _, u in emit.units(prog.program, configs):
                     units[(u.name, u.source)] = u
+            if args.nodes_from:
+                with nodes_from(args.nodes_from):
+                    for _, u in emit.units(prog.program, emit.kernel_configs(prog.program, m, None, DIMS[name](m))):
+                        units[(u.name, u.source)] = u
     fastcall.start(warn=False)          # the compiled call path's launcher, beside nvcc
     for p in build.build_all(list(units.values())):
         print(p)

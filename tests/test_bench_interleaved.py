@@ -52,3 +52,32 @@ def test_a_configuration_is_compared_with_the_default_before_it_is_timed():
     nan = {"y": y.clone(), "r": torch.tensor([float("nan"), 4.0])}
     assert interleaved.agreement(want, nan).endswith("x rms in r") and "inf" in interleaved.agreement(want, nan)
     assert interleaved.outputs({"y": y})["y"] is not y and interleaved.outputs(None) == {}
+
+
+def test_nodes_from_generates_with_another_directorys_node_headers(tmp_path):
+    """bench.py's nodes_from (the `nodes` candidate's A/B): kernels generated inside it print the node
+    headers of the directory given, their own source (so their own library); outside it, the
+    package's again; a directory without epic_nodes/ is refused."""
+    import shutil
+    from epic.codegen import emit
+    bench = bench_module("bench")
+    prog = epic.compile(str(ROOT / "samples" / "cross_entropy.epi"))
+
+    def sources():
+        configs = emit.kernel_configs(prog.program, 8192, None, dict(M=8192, D=4096, V=128256))
+        return {u.name: u.source for _, u in emit.units(prog.program, configs)}
+
+    mine = sources()
+    shutil.copytree(ROOT / "templates" / "nodes" / "epic_nodes", tmp_path / "epic_nodes")
+    with bench.nodes_from(str(tmp_path)):
+        assert sources() == mine                     # the same headers: the same sources
+    arith = tmp_path / "epic_nodes" / "arith.hpp"
+    arith.write_text(arith.read_text().replace("lse_pivot(float max) {", "lse_pivot(float max) {  // other"))
+    with bench.nodes_from(str(tmp_path)):
+        other = sources()
+    gemm = next(name for name in mine if "combine" not in name)
+    assert "lse_pivot(float max) {  // other" in other[gemm] and other[gemm] != mine[gemm]
+    assert sources() == mine                         # restored
+    with pytest.raises(SystemExit, match="no epic_nodes/"):
+        with bench.nodes_from(str(tmp_path / "epic_nodes")):
+            pass

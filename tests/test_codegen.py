@@ -89,11 +89,14 @@ def test_residual_rmsnorm_lowering():
         ("row_partial", "o_proj__row_mean_part0")]
     types = [n.type.split("<")[0] for n in spec.nodes]
     assert types == ["Sm90AccFetch", "Sm90AuxLoad", "Sm90RowBroadcast", "Sm90Compute", "Sm90AuxStore",
-                     "Sm90Compute", "Sm90ColReduction", "Sm90Compute"]
-    assert "FinalReduction=*/false" in spec.nodes[6].type and "cutlass::plus" in spec.nodes[6].type
+                     "Sm90Compute", "epic_nodes::Sm90OutsideAs", "Sm90ColReduction", "Sm90Compute"]
+    # the row sum's elements outside the problem become its identity before an unchecked reduction
+    assert spec.nodes[6].args == "{0.0f}"
+    assert "FinalReduction=*/false, /*VisitCheckOOB=*/false>" in spec.nodes[7].type
+    assert "cutlass::plus" in spec.nodes[7].type
     assert spec.nodes[-1].type == "Sm90Compute<epic_fn2, cutlass::bfloat16_t, float, RN>"   # D = resid, bf16
     assert spec.element_d == "cutlass::bfloat16_t"
-    assert [n.inputs for n in spec.nodes] == [[], [], [], [0, 1, 2], [3], [0, 1], [5], [0, 1]]
+    assert [n.inputs for n in spec.nodes] == [[], [], [], [0, 1, 2], [3], [0, 1], [5], [6], [0, 1]]
 
 
 def test_launch_time_options_do_not_change_the_source():

@@ -136,6 +136,11 @@ def rename_node_type(source: str) -> str:
     return source.replace("Sm90RowBroadcast<", "Sm90FancyBroadcast<")
 
 
+def outside_not_neutral(source: str) -> str:
+    """The value that replaces a reduction's elements outside the problem is not its identity."""
+    return re.sub(r"\{0\.0f\},(\s*// \d+ outside the problem)", r"{1.0f},\1", source)
+
+
 # program, sizes, configuration M, how the bug is planted (patch during generation and check,
 # or an edit of the rendered sources), what the failure must say
 PLANTED = {
@@ -151,6 +156,8 @@ PLANTED = {
                                  None, r"r \(f32\): \d+ of 77 elements off"),
     "combine_skips_last_row": ("samples/residual_rmsnorm.epi", dict(M=77, D=392), 8192, combine_skips_last_row,
                                None, r"r: 1 of 77 elements depend on the buffer's initial contents"),
+    "outside_not_neutral": ("samples/residual_rmsnorm.epi", dict(M=77, D=392), 8192, no_bug, outside_not_neutral,
+                            r"o_proj__row_mean_part0 \(f32\): \d+ of"),
     "max_identity_zero": ("tests/programs/col_stats.epi", dict(M=300, K=200, N=392), 8192, max_identity_zero,
                           None, r"g__rmax_part0 \(f32\)"),
     "fold_skips_last_tile": ("samples/residual_rmsnorm.epi", dict(M=77, D=392), 64, no_bug, fold_skips_last_tile,
@@ -159,6 +166,9 @@ PLANTED = {
     "lse_rescale_inverted": ("samples/cross_entropy.epi", dict(M=77, D=200, V=392), 64,
                              arith_bug("__expf(old_max - new_max)", "__expf(new_max - old_max)"), None,
                              r"lm_head__lse_part0 \(f32\): \d+ of"),
+    "lse_pivot_dropped": ("samples/cross_entropy.epi", dict(M=77, D=200, V=392), 64,
+                          arith_bug("(max == -INFINITY) ? 0.f : max", "max"), None,
+                          r"lm_head__lse_part0 \(f32\): \d+ of"),
     "block_amax_signed": ("samples/fp8_block_quant.epi", dict(M=77, D=256, N=512), 64,
                           arith_bug("valid ? fabsf(x) : 0.f", "valid ? x : 0.f"), None, r"q_scale \(f32\): \d+ of"),
     "block_statistic_divides": ("samples/qk_norm_rope.epi", dict(M=77, D=200, H=2, Dh=128), 64,
@@ -173,8 +183,8 @@ PLANTED = {
                                            "return start + tile_n <= period ? 0 : -1;"),
                                  None, r"q \(bf16\): \d+ of"),
 }
-ARITH_BUGS = {"lse_rescale_inverted", "block_amax_signed", "block_statistic_divides", "periodic_index_unwrapped",
-              "periodic_tile_start_zero"}
+ARITH_BUGS = {"lse_rescale_inverted", "lse_pivot_dropped", "block_amax_signed", "block_statistic_divides",
+              "periodic_index_unwrapped", "periodic_tile_start_zero"}
 OPTIONS = {"fold_skips_last_tile": {"combine": "fold"}}    # configuration changes of a case
 
 
@@ -235,7 +245,7 @@ def test_a_source_printing_other_node_arithmetic_is_refused(cases):
     """The host runs arith.hpp as the repository has it: a source that prints something else (edited
     after generation) cannot be simulated with it, and says so."""
     _, control = cases["lse_rescale_inverted"]
-    edited = control.with_sources(lambda s: s.replace("__expf(x - max)", "__expf(max - x)"))
+    edited = control.with_sources(lambda s: s.replace("__expf(x - pivot)", "__expf(pivot - x)"))
     assert edited.sources != control.sources
     with pytest.raises(AssertionError, match="custom node arithmetic is not epic_nodes/arith.hpp"):
         harness.check(edited, SEED)

@@ -466,12 +466,12 @@ struct AuxStore : Node {
 };
 
 // Sm90ColReduction / Sm90RowReduction with FinalReduction = false: every tile reduces its elements
-// inside the problem along the row (ColReduction: one value per row) or the column (RowReduction:
+// inside the problem (CheckOOB, CUTLASS's VisitCheckOOB; else every element it visits) along the row (ColReduction: one value per row) or the column (RowReduction:
 // one per column), starting from reduction_identity, and writes one partial per row (column) of
 // the tile -- padding rows (columns) past the problem hold the identity -- into ptr, laid out as
 // CUTLASS's reduction buffer: ColReduction part[n_tile * round_up(M, tile M) + m], RowReduction
 // part[m_tile * round_up(N, tile N) + n].
-template <template <class> class ReduceFn, class ElementCompute, bool AlongRow>
+template <template <class> class ReduceFn, class ElementCompute, bool AlongRow, bool CheckOOB = true>
 struct TileReduction : Node {
   struct Arguments {
     void* ptr = nullptr;
@@ -492,7 +492,7 @@ struct TileReduction : Node {
   Frag<T> visit(Fragment const& f, Frag<T> const& x) {
     ReduceFn<ElementCompute> reduce{};
     for (int i = 0; i < kFrag; ++i) {
-      if (!f.inside[i]) continue;
+      if (CheckOOB && !f.inside[i]) continue;
       int lane = (AlongRow ? f.m[i] : f.n[i]) - first;
       lanes[lane] = reduce(lanes[lane], convert<ElementCompute>(float(x[i])));
     }
@@ -509,10 +509,26 @@ struct TileReduction : Node {
   }
 };
 
-template <template <class> class ReduceFn, class ElementCompute>
-using ColReduction = TileReduction<ReduceFn, ElementCompute, true>;
-template <template <class> class ReduceFn, class ElementCompute>
-using RowReduction = TileReduction<ReduceFn, ElementCompute, false>;
+template <template <class> class ReduceFn, class ElementCompute, bool CheckOOB = true>
+using ColReduction = TileReduction<ReduceFn, ElementCompute, true, CheckOOB>;
+template <template <class> class ReduceFn, class ElementCompute, bool CheckOOB = true>
+using RowReduction = TileReduction<ReduceFn, ElementCompute, false, CheckOOB>;
+
+// epic_nodes::Sm90OutsideAs: its input, with the elements outside the problem replaced by `value`.
+struct OutsideAs : Node {
+  struct Arguments {
+    float value = 0.f;
+  };
+  Arguments args;
+  OutsideAs(Arguments const& a, Problem p) : Node{p}, args(a) {}
+  template <class T>
+  Frag<T> visit(Fragment const& f, Frag<T> const& x) const {
+    Frag<T> out = x;
+    for (int i = 0; i < kFrag; ++i)
+      if (!f.inside[i]) out[i] = T(args.value);
+    return out;
+  }
+};
 
 // ------------------------------------------------------------------------------------------------
 // epic's custom nodes (templates/nodes/epic_nodes/*.hpp; semantics as their headers document them).
@@ -597,8 +613,8 @@ struct RowLsePartial : Node {
       const float c = arith::lse_rescale(old, mx[k]);
       s0[k] *= c;
       s1[k] *= c;
-      s0[k] += arith::lse_term(x[i], mx[k]);
-      s1[k] += arith::lse_term(x[i + 1], mx[k]);
+      s0[k] += arith::lse_term(x[i], arith::lse_pivot(mx[k]));
+      s1[k] += arith::lse_term(x[i + 1], arith::lse_pivot(mx[k]));
     }
     return in;
   }

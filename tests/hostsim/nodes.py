@@ -72,7 +72,8 @@ def _aux_store(node: NodeDecl) -> str:
 
 def _reduction(host: str) -> Callable[[NodeDecl], str]:
     """Sm90ColReduction / Sm90RowReduction<RegFn, ShuffleFn, GmemFn, Stages, CtaTile, ElementOutput,
-    ElementCompute, Round, Stride, Alignment, EnableNullptr, FinalReduction[, VisitCheckOOB]>."""
+    ElementCompute, Round, Stride, Alignment, EnableNullptr, FinalReduction[, VisitCheckOOB]>:
+    without the check every visited element is reduced, those outside the problem too."""
     def make(node: NodeDecl) -> str:
         a = _args(node, 12)
         reg, shuffle, gmem, stages, tile, _, compute = a[:7]
@@ -80,8 +81,8 @@ def _reduction(host: str) -> Callable[[NodeDecl], str]:
         _require(node, stages == "0", f"Stages={stages}")
         _require(node, tile == "TileShape", f"a CTA tile other than TileShape ({tile})")
         _require(node, a[11] == "false", f"FinalReduction={a[11]} (only per-tile partials are emulated)")
-        _require(node, len(a) < 13 or a[12] == "true", "VisitCheckOOB=false")
-        return f"hostsim::{host}<{reg}, {compute}>"
+        checked = len(a) < 13 or a[12].split("*/")[-1].strip() == "true"
+        return f"hostsim::{host}<{reg}, {compute}, {'true' if checked else 'false'}>"
     return make
 
 
@@ -105,6 +106,7 @@ EMULATIONS: dict[str, Emulation] = {
     "Sm90RowReduction": Emulation(_reduction("RowReduction"), {0: "col_partial"}),   # one partial per column
     # epic's own nodes (templates/nodes/epic_nodes/)
     "epic_nodes::Sm90Coordinate": Emulation(_custom("Coordinate", 1)),
+    "epic_nodes::Sm90OutsideAs": Emulation(_custom("OutsideAs", 0)),
     "epic_nodes::Sm90PeriodicRowBroadcast": Emulation(_custom("PeriodicRowBroadcast", 1), {0: "row"}),
     "epic_nodes::Sm90RowLsePartial": Emulation(_custom("RowLsePartial", 1), {0: "row_partial"}),
     "epic_nodes::Sm90PackedInt4Store": Emulation(_custom("PackedInt4Store", 0), {0: "int4_store"}),

@@ -52,9 +52,17 @@ class E8m0Store(pat.E8m0Store, NodeImpl):
         return emit_aux_store(cls, b, s, "uint8_t", pack, "[M, N] e8m0 bytes")
 
 
+class OutsideAs(NodeImpl):
+    """Elements outside the problem replaced by a value, the reduction's identity, in front of a stock
+    reduction that then visits every element unchecked: a tile inside the problem skips the test
+    (templates/nodes/epic_nodes/outside_as.hpp says why the partials stay the same bit for bit)."""
+    header = "epic_nodes/outside_as.hpp"
+
+
 class _StockPartial(NodeImpl):
     """Per-tile partials of a one-state reduction through CUTLASS's Sm90ColReduction (one value per
-    row and column tile) or Sm90RowReduction (per column and row tile)."""
+    row and column tile) or Sm90RowReduction (per column and row tile), its input masked to the
+    problem by OutsideAs instead of the reduction's own test of every element."""
     cutlass = ""
     stride = ""
 
@@ -63,11 +71,13 @@ class _StockPartial(NodeImpl):
         v = s.value
         r = P.reduction(v.attrs["fn"])
         x = make(r.pre, (v.args[0],), {}, v.span) if r.pre else v.args[0]
-        src = b.compute(x)
+        identity = literal(r.identity[0])
+        src = b.add(OutsideAs, "epic_nodes::Sm90OutsideAs", f"{{{identity}}}", [b.compute(x)],
+                    f"outside the problem -> {identity}")
         p = b.pointer(f"{cls.axis}_partial", s.tensor, dtypes.F32)
         op = r.cxx_op
         return b.add(cls, f"{cls.cutlass}<{op}, {op}, {op}, 0, TileShape, float, float, RN, "
-                     f"Stride<{cls.stride}, int64_t>, 4, true, /*FinalReduction=*/false>",
+                     f"Stride<{cls.stride}, int64_t>, 4, true, /*FinalReduction=*/false, /*VisitCheckOOB=*/false>",
                      f"{{{p}, {literal(r.identity[0])}, {{{', '.join(x + '{}' for x in cls.stride.split(', '))}, "
                      "int64_t(0)}}", [src], f"per-tile {cls.axis} {r.name} -> {s.tensor}")
 

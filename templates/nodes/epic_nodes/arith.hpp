@@ -32,10 +32,18 @@ lse_rescale(float old_max, float new_max) {
   return (old_max == new_max) ? 1.f : __expf(old_max - new_max);
 }
 
-// One element's term against the row's max: exp(x - max), 0 for a masked (-inf) element.
+// What a row's terms are taken against: its max, or 0 while the max is still -inf (every element
+// so far masked). One test per row, none per element: with it a masked (-inf) element's term
+// exp(-inf - pivot) is 0 whatever the max is, and an all-masked row never computes -inf - -inf.
 EPIC_ARITH float
-lse_term(float x, float max) {
-  return (x == -INFINITY) ? 0.f : __expf(x - max);
+lse_pivot(float max) {
+  return (max == -INFINITY) ? 0.f : max;
+}
+
+// One element's term against its row's pivot (lse_pivot of the row's max): exp(x - pivot).
+EPIC_ARITH float
+lse_term(float x, float pivot) {
+  return __expf(x - pivot);
 }
 
 // Online log-sum-exp merge of (m1, s1) and (m2, s2): m = max, s = s1*exp(m1-m) + s2*exp(m2-m).

@@ -277,5 +277,18 @@ struct NoWorkspaceNoLoads {
   }
 };
 
+// Whether the CTA tile of a node's ConsumerStoreArgs lies wholly inside the problem (no row >= M, no
+// column >= N): a node may skip its per-element tests against the ragged edge there (one branch per
+// fragment that the whole warp takes alike).
+template <class Args>
+CUTLASS_DEVICE bool
+tile_inside_problem(Args const& args) {
+  auto [M, N, K, L] = args.problem_shape_mnkl;
+  auto [m, n, k, l] = args.tile_coord_mnkl;
+  constexpr int TileM = decltype(size<0>(args.tile_shape_mnk))::value;
+  constexpr int TileN = decltype(size<1>(args.tile_shape_mnk))::value;
+  return (int(m) + 1) * TileM <= int(M) && (int(n) + 1) * TileN <= int(N);
+}
+
 } // namespace detail
 } // namespace epic_nodes

@@ -54,10 +54,10 @@ struct Sm90RowLsePartial : detail::NoWorkspaceNoLoads {
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
     CUTLASS_DEVICE
     ConsumerStoreCallbacks(RegTensor const& reg_like, RowMap tRow, CoordTensor tCcD, Residue residue_tCcD,
-                           LaneLayout lane_layout, int lane_n, bool cta_in_problem,
+                           LaneLayout lane_layout, int lane_n, bool cta_in_problem, bool tile_inside,
                            float* ptr_tile, Params const& params)
       : tMax(reg_like), tSum0(reg_like), tSum1(reg_like), tRow(tRow), tCcD(tCcD), residue_tCcD(residue_tCcD),
-        lane_layout(lane_layout), lane_n(lane_n), cta_in_problem(cta_in_problem), ptr_tile(ptr_tile),
+        lane_layout(lane_layout), lane_n(lane_n), cta_in_problem(cta_in_problem), tile_inside(tile_inside), ptr_tile(ptr_tile),
         params(params) {
       using namespace cute;
       fill(tMax, -INFINITY);
@@ -74,6 +74,7 @@ struct Sm90RowLsePartial : detail::NoWorkspaceNoLoads {
     LaneLayout lane_layout;
     int lane_n;            // this lane's index among the lanes that share its rows
     bool cta_in_problem;   // false for a CTA entirely outside (M, N) (cluster padding)
+    bool tile_inside;      // the whole CTA tile lies inside (M, N): no element to mask
     float* ptr_tile;       // &ptr[2 * (t * Mpad + m0)]
     Params const& params;
 
@@ -93,11 +94,14 @@ struct Sm90RowLsePartial : detail::NoWorkspaceNoLoads {
       Tensor tSum0_mn = tSum0(_,_,_,epi_m,epi_n);
       Tensor tSum1_mn = tSum1(_,_,_,epi_m,epi_n);
 
-      // Masked (ragged) elements become -inf: they neither raise the max nor add to the sum.
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < FragmentSize; ++i) {
-        if (not elem_less(tCcD_mn(epi_v * FragmentSize + i), residue_tCcD)) {
-          x[i] = -INFINITY;
+      // Masked (ragged) elements become -inf: they neither raise the max nor add to the sum. Only a
+      // tile on the ragged edge has any (a branch the whole warp takes alike, not a test per element).
+      if (not tile_inside) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; ++i) {
+          if (not elem_less(tCcD_mn(epi_v * FragmentSize + i), residue_tCcD)) {
+            x[i] = -INFINITY;
+          }
         }
       }
 
@@ -123,11 +127,12 @@ struct Sm90RowLsePartial : detail::NoWorkspaceNoLoads {
         fSum0(s) *= c;
         fSum1(s) *= c;
       }
-      // 3. add this fragment's terms against the new max
+      // 3. add this fragment's terms against the new max (its pivot: one test per row, the same
+      //    expression for every element of the row, computed once)
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; ++i) {
         int k = epi_v * FragmentSize + i;
-        float e = detail::lse_term(x[i], tMax_mn(k));
+        float e = detail::lse_term(x[i], detail::lse_pivot(tMax_mn(k)));
         if (i % 2 == 0) { tSum0_mn(k) += e; }
         else            { tSum1_mn(k) += e; }
       }
@@ -213,7 +218,7 @@ struct Sm90RowLsePartial : detail::NoWorkspaceNoLoads {
 
     return ConsumerStoreCallbacks<decltype(reg_like), decltype(tRow), decltype(args.tCcD),
                                   decltype(args.residue_tCcD), decltype(lane_layout)>(
-        reg_like, tRow, args.tCcD, args.residue_tCcD, lane_layout, lane_n, cta_in_problem, ptr_tile, params);
+        reg_like, tRow, args.tCcD, args.residue_tCcD, lane_layout, lane_n, cta_in_problem, detail::tile_inside_problem(args), ptr_tile, params);
   }
 };
 
