@@ -81,8 +81,8 @@ def _reduction(host: str) -> Callable[[NodeDecl], str]:
         _require(node, stages == "0", f"Stages={stages}")
         _require(node, tile == "TileShape", f"a CTA tile other than TileShape ({tile})")
         _require(node, a[11] == "false", f"FinalReduction={a[11]} (only per-tile partials are emulated)")
-        checked = len(a) < 13 or a[12].split("*/")[-1].strip() == "true"
-        return f"hostsim::{host}<{reg}, {compute}, {'true' if checked else 'false'}>"
+        checked = len(a) < 13 or a[12] == "true"
+        return f"hostsim::{host}<{reg}, {compute}, {str(checked).lower()}>"
     return make
 
 

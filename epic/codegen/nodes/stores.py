@@ -78,7 +78,7 @@ class _StockPartial(NodeImpl):
         op = r.cxx_op
         return b.add(cls, f"{cls.cutlass}<{op}, {op}, {op}, 0, TileShape, float, float, RN, "
                      f"Stride<{cls.stride}, int64_t>, 4, true, /*FinalReduction=*/false, /*VisitCheckOOB=*/false>",
-                     f"{{{p}, {literal(r.identity[0])}, {{{', '.join(x + '{}' for x in cls.stride.split(', '))}, "
+                     f"{{{p}, {identity}, {{{', '.join(x + '{}' for x in cls.stride.split(', '))}, "
                      "int64_t(0)}}", [src], f"per-tile {cls.axis} {r.name} -> {s.tensor}")
 
 

@@ -57,8 +57,8 @@ struct Sm90RowLsePartial : detail::NoWorkspaceNoLoads {
                            LaneLayout lane_layout, int lane_n, bool cta_in_problem, bool tile_inside,
                            float* ptr_tile, Params const& params)
       : tMax(reg_like), tSum0(reg_like), tSum1(reg_like), tRow(tRow), tCcD(tCcD), residue_tCcD(residue_tCcD),
-        lane_layout(lane_layout), lane_n(lane_n), cta_in_problem(cta_in_problem), tile_inside(tile_inside), ptr_tile(ptr_tile),
-        params(params) {
+        lane_layout(lane_layout), lane_n(lane_n), cta_in_problem(cta_in_problem), tile_inside(tile_inside),
+        ptr_tile(ptr_tile), params(params) {
       using namespace cute;
       fill(tMax, -INFINITY);
       fill(tSum0, 0.f);
@@ -218,7 +218,8 @@ struct Sm90RowLsePartial : detail::NoWorkspaceNoLoads {
 
     return ConsumerStoreCallbacks<decltype(reg_like), decltype(tRow), decltype(args.tCcD),
                                   decltype(args.residue_tCcD), decltype(lane_layout)>(
-        reg_like, tRow, args.tCcD, args.residue_tCcD, lane_layout, lane_n, cta_in_problem, detail::tile_inside_problem(args), ptr_tile, params);
+        reg_like, tRow, args.tCcD, args.residue_tCcD, lane_layout, lane_n, cta_in_problem,
+        detail::tile_inside_problem(args), ptr_tile, params);
   }
 };
 
