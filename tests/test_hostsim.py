@@ -37,8 +37,11 @@ WIDE = (300, 576, 136)      # N a multiple of 192: large M takes 128x192 tiles w
 # flight: 2320 columns (a multiple of 16, over 2048) take every lane through a second round of steps
 # that ends part-way (combine.steps_in_flight)
 FINISH_WIDE = (77, 2320, 136)
+# a combine kernel over 1024 rows (columns) or more gives each warp several (combine.py's grouped form)
+MANY_ROWS = (1100, 1040, 136)
 CASES = [(config, shape) for config in ("small_m", "large_m", "small_m_fold", "large_m_fold") for shape in SHAPES] + \
-    [("large_m", WIDE), ("large_m_fold", WIDE), ("large_m_direct", SHAPES[1]), ("small_m", FINISH_WIDE)]
+    [("large_m", WIDE), ("large_m_fold", WIDE), ("large_m_direct", SHAPES[1]), ("small_m", FINISH_WIDE),
+     ("large_m", MANY_ROWS)]
 
 
 def sizes_for(program, m: int, n: int, k: int) -> dict[str, int]:

@@ -70,8 +70,24 @@ def combine_skips_last_row():
 
     def render(spec):
         text = original(spec)
-        planted = text.replace("if (m >= P.M) return;", "if (m >= P.M - 1) return;")
+        planted = text.replace("const bool live = m < P.M;", "const bool live = m < P.M - 1;")
         assert planted != text, "the combine kernel's row guard was not found: update the planted bug"
+        return planted
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(emit, "render_combine", render)
+        yield
+
+
+@contextmanager
+def grouped_combine_skips_tiles():
+    """With several rows per warp (many rows), each lane skips its first tile."""
+    original = emit.render_combine
+
+    def render(spec):
+        text = original(spec)
+        planted = text.replace("for (int t0 = tile_lane;", "for (int t0 = tile_lane + tile_lanes;")
+        assert planted != text, "the grouped combine loop was not found: update the planted bug"
         return planted
 
     with pytest.MonkeyPatch.context() as mp:
@@ -156,6 +172,8 @@ PLANTED = {
                                  None, r"r \(f32\): \d+ of 77 elements off"),
     "combine_skips_last_row": ("samples/residual_rmsnorm.epi", dict(M=77, D=392), 8192, combine_skips_last_row,
                                None, r"r: 1 of 77 elements depend on the buffer's initial contents"),
+    "grouped_combine_skips_tiles": ("samples/residual_rmsnorm.epi", dict(M=1100, D=392), 8192,
+                                    grouped_combine_skips_tiles, None, r"r \(f32\): \d+ of 1100 elements off"),
     "outside_not_neutral": ("samples/residual_rmsnorm.epi", dict(M=77, D=392), 8192, no_bug, outside_not_neutral,
                             r"o_proj__row_mean_part0 \(f32\): \d+ of"),
     "max_identity_zero": ("tests/programs/col_stats.epi", dict(M=300, K=200, N=392), 8192, max_identity_zero,

@@ -7,6 +7,14 @@ the reduction's own C++ merge and finalize (its record in epic/ir/primitives.py)
 keeps a long row of tiles (cross entropy over 128256 columns: 500 to 2000 tiles) from becoming a
 sequential loop of one thread. Lane 0 then evaluates the vector math that follows and stores the
 results. ABI: epic_launch(ptrs, sizes=[M, N, tile M, tile N], scalars, stream, ...).
+
+Where there are many rows (kGroupFrom, a launch-time choice), a warp takes kRowsPerWarp consecutive
+rows instead (`grouped`; not for a combine that finishes tile stores, whose lanes then share a
+row's columns): lane l merges row l % R at tiles l / R, l / R + 32 / R, ..., kInFlight loads at
+once, and the butterfly runs over the lanes of a row. The partials are tile-major, so a warp's load
+then reads R neighbouring rows' entries of 32 / R tiles, whole 32-byte sectors, where a warp per row
+reads one entry of 32 tiles, a sector each: at M = 8192 and 668 tiles (cross entropy on an H100) the
+warp per row took 87 us for 66 MB of partials (bench/results/2026-12-06-h100-xent-epilogue.log).
 """
 from __future__ import annotations
 
@@ -33,6 +41,7 @@ class CombineSpec:
     body: list[str]         # lane 0 (every lane when `tile` is not empty): the vector math and the stores
     stores: list[str] = field(default_factory=list)   # with `tile`: the vector stores, lane 0 only
     tile: list[str] = field(default_factory=list)     # every lane: finished tile stores, columns lane, lane + 32, ...
+    grouped: bool = False   # a warp merges rows_per_warp rows (columns) at once where there are many
 
 
 def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> CombineSpec:
@@ -61,6 +70,7 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
     tiled = [v for v in k.values if v.kind in (Kind.TILE, Kind.ROW)] if k.axis == "row" else []
     if tiled and folded:
         raise ValueError("a row combine kernel that finishes tile stores does not fold")
+    grouped = not folded and not tiled and k.axis in ("row", "col")
     for v in k.values:
         p = P.prim(v.op)
         if v in tiled:
@@ -94,9 +104,24 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
                 merge.append(f"  _Pragma(\"unroll\") for (int u = 0; u < FOLD_IN_FLIGHT; ++u) {{ const int t = t0 + u * {lanes}; {fill} }}")
                 merge.append(f"  _Pragma(\"unroll\") for (int u = 0; u < FOLD_IN_FLIGHT; ++u) {{ if (t0 + u * {lanes} < {tiles}) {{ {take} {step} }} }}")
                 merge.append("}")
+            elif grouped:   # rows_per_warp rows per warp (chosen at launch): see the module's docstring
+                batch = " ".join(f"float {x}_[kInFlight];" for x in xs)
+                fill = " ".join(f"{x}_[u] = t < {tiles} ? {load(c)} : 0.0f;" for c, x in enumerate(xs))
+                take = " ".join(f"float {x} = {x}_[u];" for x in xs)
+                merge += ["if (live && rows_per_warp == 1) {",
+                          f"  for (int t = lane; t < {tiles}; t += 32) {{ {loads} {step} }}",
+                          "} else if (live) {",
+                          f"  for (int t0 = tile_lane; t0 < {tiles}; t0 += tile_lanes * kInFlight) {{ {batch}",
+                          f"    _Pragma(\"unroll\") for (int u = 0; u < kInFlight; ++u) {{ const int t = t0 + u * tile_lanes; {fill} }}",
+                          f"    _Pragma(\"unroll\") for (int u = 0; u < kInFlight; ++u) {{ if (t0 + u * tile_lanes < {tiles}) {{ {take} {step} }} }}",
+                          "  }",
+                          "}"]
             else:
                 merge.append(f"for (int t = lane; t < {tiles}; t += {lanes}) {{ {loads} {step} }}")
-            merge.append(f"for (int o = {first}; o > 0; o >>= 1) {{ {shuffles} {step} }}")
+            if grouped:     # the lanes of one row (column): lane % rows_per_warp the same
+                merge.append(f"for (int o = 16; o >= rows_per_warp; o >>= 1) {{ {shuffles} {step} }}")
+            else:
+                merge.append(f"for (int o = {first}; o > 0; o >>= 1) {{ {shuffles} {step} }}")
             result = r.cxx_finalize.format(**{f"a{c}": a for c, a in enumerate(accs)})
             if r.by_width:
                 result = f"({result} / {scalar(str(v.attrs['width']), v.attrs['width'])})"
@@ -140,7 +165,8 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
         conv = f"static_cast<{t.dtype.cuda}>({value})" if t.dtype.is_int else f"{t.dtype.cuda}({value})"
         stores.append(f"static_cast<{t.dtype.cuda}*>({out})[{idx}] = {conv};")
     if not tiled:
-        return CombineSpec(k.name, identifier(k.name), k.axis, pointers, scalars, merge, body + stores)
+        return CombineSpec(k.name, identifier(k.name), k.axis, pointers, scalars, merge, body + stores,
+                           grouped=grouped)
     writer.lines = []
     tile = _finish_tiles(program, k, tiled, writer, ptr, scalar)
     return CombineSpec(k.name, identifier(k.name), k.axis, pointers, scalars, merge, body, stores, tile)
