@@ -47,52 +47,36 @@ def even_odd_swapped():
         yield
 
 
-@contextmanager
-def combine_skips_first_tile():
-    """The rendered combine kernel merges the partials from tile 1 on."""
-    original = emit.render_combine
+def combine_edited(edit, what: str):
+    """A planted bug in the rendered combine kernel: edit(text) -> text; `what` names the code it
+    changes, for the message when a change to the template leaves nothing to edit."""
+    @contextmanager
+    def planted():
+        original = emit.render_combine
 
-    def render(spec):
-        text = original(spec)
-        planted = re.sub(r"for \(int t = (\w+); t < tiles_", r"for (int t = \1 + 1; t < tiles_", text)
-        assert planted != text, "the combine loop was not found: update the planted bug"
-        return planted
+        def render(spec):
+            text = original(spec)
+            changed = edit(text)
+            assert changed != text, f"{what} was not found: update the planted bug"
+            return changed
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(emit, "render_combine", render)
-        yield
-
-
-@contextmanager
-def combine_skips_last_row():
-    """The rendered combine kernel's threads stop one row early: the last row is never written."""
-    original = emit.render_combine
-
-    def render(spec):
-        text = original(spec)
-        planted = text.replace("const bool live = m < P.M;", "const bool live = m < P.M - 1;")
-        assert planted != text, "the combine kernel's row guard was not found: update the planted bug"
-        return planted
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(emit, "render_combine", render)
-        yield
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(emit, "render_combine", render)
+            yield
+    return planted
 
 
-@contextmanager
-def grouped_combine_skips_tiles():
-    """With several rows per warp (many rows), each lane skips its first tile."""
-    original = emit.render_combine
-
-    def render(spec):
-        text = original(spec)
-        planted = text.replace("for (int t0 = tile_lane;", "for (int t0 = tile_lane + tile_lanes;")
-        assert planted != text, "the grouped combine loop was not found: update the planted bug"
-        return planted
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(emit, "render_combine", render)
-        yield
+# the rendered combine kernel merges the partials from tile 1 on
+combine_skips_first_tile = combine_edited(
+    lambda text: re.sub(r"for \(int t = (\w+); t < tiles_", r"for (int t = \1 + 1; t < tiles_", text), "the combine loop")
+# its threads stop one row early: the last row is never written
+combine_skips_last_row = combine_edited(
+    lambda text: text.replace("const bool live = m < P.M;", "const bool live = m < P.M - 1;"),
+    "the combine kernel's row guard")
+# with several rows per warp (many rows), each lane skips its first tile
+grouped_combine_skips_tiles = combine_edited(
+    lambda text: text.replace("for (int t0 = tile_lane;", "for (int t0 = tile_lane + tile_lanes;"),
+    "the grouped combine loop")
 
 
 @contextmanager
