@@ -2,7 +2,7 @@
 
 A vocabulary-parallel LM head holds V / world columns of the weight on each rank. Each rank runs the
 program's gemm over its columns, which writes per-tile partials (for cross entropy: the online
-(max, sum-exp) pairs and the target logit's partial sums); the partials of all ranks are gathered in
+each tile's log-sum-exp and the target logit's partial sums); the partials of all ranks are gathered in
 rank order and the program's own combine kernel merges them. When every rank's columns are a whole
 number of the gemm's column tiles, the gathered partials are exactly those one GPU holding the whole
 vocabulary writes, in the same order, so the result is bit-identical to the single-GPU result.

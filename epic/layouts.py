@@ -11,18 +11,15 @@ def round_up(a: int, b: int) -> int:
     return cdiv(a, b) * b
 
 
-def partial_shape(axis: str, rows: int, width: int, tile_m: int, tile_n: int, components: int = 1) -> tuple:
+def partial_shape(axis: str, rows: int, width: int, tile_m: int, tile_n: int) -> tuple:
     """Per-tile partials of a reduction, as the gemm writes them: tile-major, so the threads of a
     warp read consecutive floats when a combine kernel merges them.
       axis "row" (one value per row and column tile): [ceil(width / tile N), round_up(rows, tile M)]
       axis "col" (one value per column and row tile): [ceil(rows / tile M), round_up(width, tile N)]
-    Padding rows/columns hold the reduction's identity. The online log-sum-exp keeps a pair (max,
-    sum of exp(x - max)) per entry: a last dimension of 2."""
+    Padding rows/columns hold the reduction's identity."""
     if axis == "row":
-        shape = (cdiv(width, tile_n), round_up(rows, tile_m))
-    else:
-        shape = (cdiv(rows, tile_m), round_up(width, tile_n))
-    return shape + ((components,) if components > 1 else ())
+        return (cdiv(width, tile_n), round_up(rows, tile_m))
+    return (cdiv(rows, tile_m), round_up(width, tile_n))
 
 
 def packed_int4_shape(rows: int, width: int) -> tuple:

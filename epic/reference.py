@@ -223,7 +223,7 @@ class Interpreter:
         m, w = x.shape
         nb = -(-w // block)
         if nb * block > w:
-            x = torch.cat((x, torch.full((m, nb * block - w), r.identity[0], dtype=x.dtype, device=x.device)), dim=1)
+            x = torch.cat((x, torch.full((m, nb * block - w), r.identity, dtype=x.dtype, device=x.device)), dim=1)
         return r.ref_partial(x.reshape(m, nb, block))
 
     def tile(self) -> tuple[int, int]:
@@ -234,8 +234,8 @@ class Interpreter:
         return (tile[0], tile[1]) if tile else (128, 128)
 
     def partial(self, v: Value, x: torch.Tensor) -> torch.Tensor:
-        """Per-tile partial states in the buffer layout of epic/layouts.py: the reduction's state over
-        each tile's valid elements; padding entries hold the identity."""
+        """Per-tile partials in the buffer layout of epic/layouts.py: the reduction's partial over each
+        tile's valid elements; padding entries hold the identity."""
         r, axis = P.reduction(v.attrs["fn"]), v.attrs["axis"]
         x = self._pre(r, x.expand(self.m, -1) if x.shape[0] == 1 else x)
         rows, width = x.shape
@@ -244,13 +244,12 @@ class Interpreter:
         count, length = lanes.shape
         tiles = -(-length // size)
         if tiles * size > length:
-            fill = torch.full((count, tiles * size - length), r.identity[0], dtype=x.dtype, device=x.device)
+            fill = torch.full((count, tiles * size - length), r.identity, dtype=x.dtype, device=x.device)
             lanes = torch.cat((lanes, fill), dim=1)
-        state = r.ref_partial(lanes.reshape(count, tiles, size)).transpose(0, 1)     # [tiles, count (, k)]
-        shape = layouts.partial_shape(axis, rows, width, tm, tn, r.state)
-        out = torch.tensor(r.identity, dtype=self.dtype, device=self.device).expand(shape).clone() if r.state > 1 \
-            else torch.full(shape, r.identity[0], dtype=self.dtype, device=self.device)
-        out[:, :count] = state
+        part = r.ref_partial(lanes.reshape(count, tiles, size)).transpose(0, 1)     # [tiles, count]
+        out = torch.full(layouts.partial_shape(axis, rows, width, tm, tn), r.identity, dtype=self.dtype,
+                         device=self.device)
+        out[:, :count] = part
         return out
 
     def combine(self, v: Value) -> torch.Tensor:

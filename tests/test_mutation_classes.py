@@ -58,9 +58,9 @@ def test_plan_text_of_packed_int4_and_lse_partials(capsys):
     code, out, _ = run_cli(capsys, "plan", str(ROOT / "samples" / "cross_entropy.epi"), "--shape", "M=77,D=200,V=392")
     lines = out.splitlines()
     i = next(i for i, l in enumerate(lines) if l.startswith("  lm_head__lse_part0"))
-    # 7 tiles of 64 columns over V = 392; M padded to 128 (two 64-row tiles); (max, sum) pairs
-    assert re.search(r"partial float32\[7, 128, 2\]\s+7,168 B  written by lm_head; read by lm_head__row_combine", lines[i])
-    assert lines[i + 1].strip() == "per-tile row partials, tile-major, padded to the tile, (max, sum-exp) pairs"
+    # 7 tiles of 64 columns over V = 392; M padded to 128 (two 64-row tiles); one log-sum-exp per tile
+    assert re.search(r"partial float32\[7, 128\]\s+3,584 B  written by lm_head; read by lm_head__row_combine", lines[i])
+    assert lines[i + 1].strip() == "per-tile row partials, tile-major, padded to the tile"
     w = next(i for i, l in enumerate(lines) if l.startswith("  w "))
     assert lines[w + 1].strip() == "K-major (column-major [K, N])"
     assert "writes nothing else; per-tile partials (lse, sum)" in out

@@ -84,45 +84,36 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
             r = P.reduction(v.attrs["fn"])
             buf = ptr(f"{k.axis}_partial", v.attrs["buffer"], dtypes.F32)
             i = len(merge)
-            accs = [f"acc_{i}_{c}" for c in range(r.state)]
-            xs = [f"x{c}" for c in range(r.state)]
+            acc = f"acc_{i}"
             tiles = "tiles_n" if k.axis == "row" else "tiles_m"
             pitch = "rows_padded" if k.axis == "row" else "cols_padded"
-            merge += [f"float {a} = {literal(init)};" for a, init in zip(accs, r.identity)]
-            entry = f"(long long)t * {pitch} + {idx}"
-            at = (lambda c: f"({entry}) * {r.state} + {c}") if r.state > 1 else (lambda c: entry)
-            load = (lambda c: f"__ldcg(part_{i} + ({at(c)}))") if folded else (lambda c: f"part_{i}[{at(c)}]")
-            loads = " ".join(f"float {x} = {load(c)};" for c, x in enumerate(xs))
-            step = r.cxx_merge.format(**{f"a{c}": a for c, a in enumerate(accs)}, **{f"x{c}": x for c, x in enumerate(xs)})
-            shuffles = " ".join(f"float {x} = __shfl_xor_sync(0xffffffffu, {a}, o);" for x, a in zip(xs, accs))
+            merge.append(f"float {acc} = {literal(r.identity)};")
+            at = f"(long long)t * {pitch} + {idx}"
+            load = f"__ldcg(part_{i} + ({at}))" if folded else f"part_{i}[{at}]"
+            step = r.cxx_merge.format(a=acc, x="x")
+            shuffle = f"float x = __shfl_xor_sync(0xffffffffu, {acc}, o);"
             merge.append(f"const float* part_{i} = static_cast<const float*>({buf});")
             if folded:      # FOLD_IN_FLIGHT loads at once: the last CTA's merge is on the kernel's critical path
-                batch = " ".join(f"float {x}_[FOLD_IN_FLIGHT];" for x in xs)
-                fill = " ".join(f"{x}_[u] = t < {tiles} ? {load(c)} : 0.0f;" for c, x in enumerate(xs))
-                take = " ".join(f"float {x} = {x}_[u];" for x in xs)
-                merge.append(f"for (int t0 = lane; t0 < {tiles}; t0 += {lanes} * FOLD_IN_FLIGHT) {{ {batch}")
-                merge.append(f"  _Pragma(\"unroll\") for (int u = 0; u < FOLD_IN_FLIGHT; ++u) {{ const int t = t0 + u * {lanes}; {fill} }}")
-                merge.append(f"  _Pragma(\"unroll\") for (int u = 0; u < FOLD_IN_FLIGHT; ++u) {{ if (t0 + u * {lanes} < {tiles}) {{ {take} {step} }} }}")
+                merge.append(f"for (int t0 = lane; t0 < {tiles}; t0 += {lanes} * FOLD_IN_FLIGHT) {{ float x_[FOLD_IN_FLIGHT];")
+                merge.append(f"  _Pragma(\"unroll\") for (int u = 0; u < FOLD_IN_FLIGHT; ++u) {{ const int t = t0 + u * {lanes}; x_[u] = t < {tiles} ? {load} : 0.0f; }}")
+                merge.append(f"  _Pragma(\"unroll\") for (int u = 0; u < FOLD_IN_FLIGHT; ++u) {{ if (t0 + u * {lanes} < {tiles}) {{ float x = x_[u]; {step} }} }}")
                 merge.append("}")
             elif grouped:   # rows_per_warp rows per warp (chosen at launch): see the module's docstring
-                batch = " ".join(f"float {x}_[kInFlight];" for x in xs)
-                fill = " ".join(f"{x}_[u] = t < {tiles} ? {load(c)} : 0.0f;" for c, x in enumerate(xs))
-                take = " ".join(f"float {x} = {x}_[u];" for x in xs)
                 merge += ["if (live && rows_per_warp == 1) {",
-                          f"  for (int t = lane; t < {tiles}; t += 32) {{ {loads} {step} }}",
+                          f"  for (int t = lane; t < {tiles}; t += 32) {{ float x = {load}; {step} }}",
                           "} else if (live) {",
-                          f"  for (int t0 = tile_lane; t0 < {tiles}; t0 += tile_lanes * kInFlight) {{ {batch}",
-                          f"    _Pragma(\"unroll\") for (int u = 0; u < kInFlight; ++u) {{ const int t = t0 + u * tile_lanes; {fill} }}",
-                          f"    _Pragma(\"unroll\") for (int u = 0; u < kInFlight; ++u) {{ if (t0 + u * tile_lanes < {tiles}) {{ {take} {step} }} }}",
+                          f"  for (int t0 = tile_lane; t0 < {tiles}; t0 += tile_lanes * kInFlight) {{ float x_[kInFlight];",
+                          f"    _Pragma(\"unroll\") for (int u = 0; u < kInFlight; ++u) {{ const int t = t0 + u * tile_lanes; x_[u] = t < {tiles} ? {load} : 0.0f; }}",
+                          f"    _Pragma(\"unroll\") for (int u = 0; u < kInFlight; ++u) {{ if (t0 + u * tile_lanes < {tiles}) {{ float x = x_[u]; {step} }} }}",
                           "  }",
                           "}"]
             else:
-                merge.append(f"for (int t = lane; t < {tiles}; t += {lanes}) {{ {loads} {step} }}")
+                merge.append(f"for (int t = lane; t < {tiles}; t += {lanes}) {{ float x = {load}; {step} }}")
             if grouped:     # the lanes of one row (column): lane % rows_per_warp the same
-                merge.append(f"for (int o = 16; o >= rows_per_warp; o >>= 1) {{ {shuffles} {step} }}")
+                merge.append(f"for (int o = 16; o >= rows_per_warp; o >>= 1) {{ {shuffle} {step} }}")
             else:
-                merge.append(f"for (int o = {first}; o > 0; o >>= 1) {{ {shuffles} {step} }}")
-            result = r.cxx_finalize.format(**{f"a{c}": a for c, a in enumerate(accs)})
+                merge.append(f"for (int o = {first}; o > 0; o >>= 1) {{ {shuffle} {step} }}")
+            result = r.cxx_finalize.format(a=acc)
             if r.by_width:
                 result = f"({result} / {scalar(str(v.attrs['width']), v.attrs['width'])})"
             merge.append(f"float red_{i} = {result};")
@@ -246,32 +237,24 @@ def _merge_lanes(r: P.Reduction, i: int, lanes: str, count: str) -> list[str]:
     one warp: lane l keeps kLanesInFlight states, state u taking values l + 32 u, l + 32 u + 32 *
     kLanesInFlight, ... (independent loads in flight); each lane merges its states in order, then an
     XOR butterfly merges the lanes. No shared memory: the result is lane 0's red_{i}."""
-    accs = [f"acc_{i}_{c}" for c in range(r.state)]
-    xs = [f"x{c}" for c in range(r.state)]
-
-    def step(at: str) -> str:
-        return r.cxx_merge.format(**{f"a{c}": a + at for c, a in enumerate(accs)},
-                                  **{f"x{c}": x for c, x in enumerate(xs)})
-    single = " ".join(f"float {x} = {e.format(x='v')};" for x, e in zip(xs, r.single))
-    shuffles = " ".join(f"float {x} = __shfl_xor_sync(0xffffffffu, {a}[0], o);" for x, a in zip(xs, accs))
-    result = r.cxx_finalize.format(**{f"a{c}": a + "[0]" for c, a in enumerate(accs)})
+    acc = f"acc_{i}"
+    step = lambda at: r.cxx_merge.format(a=acc + at, x="x")    # noqa: E731
+    result = r.cxx_finalize.format(a=acc + "[0]")
     if r.by_width:
         result = f"({result} / float(count_{i}))"
-    return [f"float {a}[kLanesInFlight];" for a in accs] + [
+    return [f"float {acc}[kLanesInFlight];",
         "#pragma unroll",
-        "for (int u = 0; u < kLanesInFlight; ++u) { "
-        + " ".join(f"{a}[u] = {literal(init)};" for a, init in zip(accs, r.identity)) + " }",
+        f"for (int u = 0; u < kLanesInFlight; ++u) {{ {acc}[u] = {literal(r.identity)}; }}",
         f"const float* lanes_{i} = static_cast<const float*>({lanes});",
         f"const long long count_{i} = (long long)({count});",
         f"for (long long t0 = lane; t0 < count_{i}; t0 += 32 * kLanesInFlight) {{",
         "#pragma unroll",
         f"  for (int u = 0; u < kLanesInFlight; ++u) {{ const long long t = t0 + 32 * u; "
-        f"if (t < count_{i}) {{ float v = lanes_{i}[t]; {single} {step('[u]')} }} }}",
+        f"if (t < count_{i}) {{ float x = lanes_{i}[t]; {step('[u]')} }} }}",
         "}",
         "#pragma unroll",
-        f"for (int u = 1; u < kLanesInFlight; ++u) {{ "
-        + " ".join(f"float {x} = {a}[u];" for x, a in zip(xs, accs)) + f" {step('[0]')} }}",
-        f"for (int o = 16; o > 0; o >>= 1) {{ {shuffles} {step('[0]')} }}",
+        f"for (int u = 1; u < kLanesInFlight; ++u) {{ float x = {acc}[u]; {step('[0]')} }}",
+        f"for (int o = 16; o > 0; o >>= 1) {{ float x = __shfl_xor_sync(0xffffffffu, {acc}[0], o); {step('[0]')} }}",
         f"float red_{i} = {result};",
     ]
 

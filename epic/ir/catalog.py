@@ -34,8 +34,7 @@ def rows() -> list[tuple[str, str, str, str]]:
     for r in P.REDUCTIONS.values():
         names = [f"{axis}_{r.name}(x)" for axis in r.axes] + [f"all_{r.name}(x)"] + \
             ([f"block_{r.name}(x, B)"] if r.block else [])
-        state = "state (max, sum-exp)" if r.state == 2 else f"identity {r.identity[0]}"
-        out.append(("reductions", ", ".join(names), f"{r.doc}; {state}", "-"))
+        out.append(("reductions", ", ".join(names), f"{r.doc}; identity {r.identity}", "-"))
     return out
 
 

@@ -76,7 +76,6 @@ class Tensor:
                                   # how a gemm reads it (.T, A or B): epic/ir/operands.py
     block: int | None = None      # tensors of BLOCK values: the block size
     tiles_axis: str | None = None # per-tile partials: "n" -> [dims[0], tiles along N], "m" -> [tiles along M, dims[0]]
-    components: int = 1           # per-tile partials of log-sum-exp hold (max, sum-exp) pairs
     # role "derived" (made by passes, computed from weights before the kernels run): (vectors, matrix),
     # the f32 row vector (product of the input row vectors; none: ones) @ matrix
     derived: tuple[tuple[str, ...], str] | None = None
@@ -92,7 +91,7 @@ class Tensor:
             rows, width = self.dims
             dims = [str(rows), f"ceil({width}/tile_n)"] if self.tiles_axis == "n" else \
                 [f"ceil({rows}/tile_m)", str(width)]
-            return f"{self.dtype}[{', '.join(dims + (['2'] if self.components == 2 else []))}]"
+            return f"{self.dtype}[{', '.join(dims)}]"
         return f"{self.dtype}[{', '.join(str(d) for d in self.dims)}]"
 
 

@@ -144,29 +144,25 @@ class Primitive:
 @dataclass(frozen=True)
 class Reduction:
     """A reduction function: how it reduces a whole row, a column or a block, how deterministic
-    per-tile partials of it are made and merged (reference and C++), and its state (one value, or
-    the online log-sum-exp pair (max, sum of exp(x - max)))."""
+    per-tile partials of it are made and merged (reference and C++). A partial is one float per tile:
+    row_lse's is the tile's log-sum-exp (its node computes it online from (max, sum of exp(x - max))
+    pairs, epic_nodes/row_lse_partial.hpp)."""
     name: str
-    identity: tuple[float, ...]         # one per state component: what an empty tile holds
+    identity: float                     # what an empty tile holds
     ref: Callable                       # (x, dim) -> the reduction along dim, keepdim
-    ref_partial: Callable               # (x [..., size]) -> the state over the last dim ([...] or [..., 2])
-    ref_merge: Callable                 # (state, dim) -> the value, states merged along dim (keepdim)
-    cxx_merge: str                      # C++ merging partial {x0}.. into accumulator {a0}..
-    cxx_finalize: str                   # C++ of the result from the accumulators
+    ref_partial: Callable               # (x [..., size]) -> the partial over the last dim ([...])
+    ref_merge: Callable                 # (partials, dim) -> the value, partials merged along dim (keepdim)
+    cxx_merge: str                      # C++ merging partial {x} into accumulator {a}
+    cxx_finalize: str                   # C++ of the result from the accumulator {a}
     cxx_op: str | None = None           # CUTLASS functor of a stock Sm90Row/ColReduction (None: custom node)
     pre: str | None = None              # primitive applied to each element first (amax: abs)
     by_width: bool = False              # mean: the merged sum is divided by the reduced width
     axes: tuple[str, ...] = ("row", "col")
     block: bool = True                  # block_NAME(x, B) exists
-    single: tuple[str, ...] = ("{x}",)  # C++ of one element's state (a whole-tensor combine merges elements)
     # reverse-mode derivative: (b, g) -> the cotangent of the reduced operand b.x(0), from the cotangent
     # g of the result b.y (broadcast back over the reduced elements)
     vjp: Callable | None = None
     doc: str = ""
-
-    @property
-    def state(self) -> int:
-        return len(self.identity)
 
 
 # ------------------------------------------------------------------------------------------ type rules
@@ -537,25 +533,13 @@ PRIMITIVES: dict[str, Primitive] = {p.name: p for p in _PRIMS}
 
 
 # ------------------------------------------------------------------------------------------ reductions
-def _guarded_exp(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """exp(x - m) with exp(-inf - -inf) taken as 0: an empty side contributes nothing."""
-    return torch.where(torch.isneginf(m), torch.zeros_like(x), torch.exp(x - m))
-
-
 def _lse_partial(x: torch.Tensor) -> torch.Tensor:
-    mx = x.amax(-1)
-    return torch.stack((mx, _guarded_exp(x, mx.unsqueeze(-1)).sum(-1)), dim=-1)
-
-
-def _lse_merge(state: torch.Tensor, dim: int) -> torch.Tensor:
-    mx, se = state[..., 0], state[..., 1]
-    big = mx.amax(dim, keepdim=True)
-    total = (se * _guarded_exp(mx, big)).sum(dim, keepdim=True)
-    return big + torch.log(total)
+    """A tile's log-sum-exp: -inf for a tile with nothing in it (all elements -inf)."""
+    return torch.logsumexp(x, -1)
 
 
 _SUM = dict(ref=lambda x, d: x.sum(d, keepdim=True), ref_partial=lambda x: x.sum(-1),
-            ref_merge=lambda s, d: s.sum(d, keepdim=True), cxx_merge="{a0} += {x0};", cxx_op="cutlass::plus")
+            ref_merge=lambda s, d: s.sum(d, keepdim=True), cxx_merge="{a} += {x};", cxx_op="cutlass::plus")
 def _ignoring_nan(x: torch.Tensor, fill: float) -> torch.Tensor:
     """max/min reductions ignore NaN, as fmaxf/fminf (and CUTLASS's maximum/minimum) do."""
     return torch.nan_to_num(x, nan=fill, posinf=math.inf, neginf=-math.inf)
@@ -563,7 +547,7 @@ def _ignoring_nan(x: torch.Tensor, fill: float) -> torch.Tensor:
 
 _MAX = dict(ref=lambda x, d: _ignoring_nan(x, -math.inf).amax(d, keepdim=True),
             ref_partial=lambda x: _ignoring_nan(x, -math.inf).amax(-1),
-            ref_merge=lambda s, d: s.amax(d, keepdim=True), cxx_merge="{a0} = fmaxf({a0}, {x0});",
+            ref_merge=lambda s, d: s.amax(d, keepdim=True), cxx_merge="{a} = fmaxf({a}, {x});",
             cxx_op="cutlass::maximum")
 
 def _at_extreme(b, g, of=lambda b, x: x, times=None):
@@ -576,27 +560,28 @@ def _at_extreme(b, g, of=lambda b, x: x, times=None):
 
 
 REDUCTIONS: dict[str, Reduction] = {r.name: r for r in (
-    Reduction("sum", (0.0,), cxx_finalize="{a0}", vjp=lambda b, g: g, doc="sum", **_SUM),
-    Reduction("mean", (0.0,), cxx_finalize="{a0}", by_width=True, block=False, doc="mean",
+    Reduction("sum", 0.0, cxx_finalize="{a}", vjp=lambda b, g: g, doc="sum", **_SUM),
+    Reduction("mean", 0.0, cxx_finalize="{a}", by_width=True, block=False, doc="mean",
               vjp=lambda b, g: b.div(g, b.reduced_width()),
               **dict(_SUM, ref=lambda x, d: x.mean(d, keepdim=True))),
-    Reduction("max", (-math.inf,), cxx_finalize="{a0}", vjp=_at_extreme, doc="largest value (NaN ignored)", **_MAX),
-    Reduction("min", (math.inf,), ref=lambda x, d: _ignoring_nan(x, math.inf).amin(d, keepdim=True),
+    Reduction("max", -math.inf, cxx_finalize="{a}", vjp=_at_extreme, doc="largest value (NaN ignored)", **_MAX),
+    Reduction("min", math.inf, ref=lambda x, d: _ignoring_nan(x, math.inf).amin(d, keepdim=True),
               ref_partial=lambda x: _ignoring_nan(x, math.inf).amin(-1),
-              ref_merge=lambda s, d: s.amin(d, keepdim=True), cxx_merge="{a0} = fminf({a0}, {x0});",
-              cxx_finalize="{a0}", cxx_op="cutlass::minimum", vjp=_at_extreme, doc="smallest value (NaN ignored)"),
-    Reduction("amax", (0.0,), cxx_finalize="{a0}", pre="abs",
+              ref_merge=lambda s, d: s.amin(d, keepdim=True), cxx_merge="{a} = fminf({a}, {x});",
+              cxx_finalize="{a}", cxx_op="cutlass::minimum", vjp=_at_extreme, doc="smallest value (NaN ignored)"),
+    Reduction("amax", 0.0, cxx_finalize="{a}", pre="abs",
               vjp=lambda b, g: _at_extreme(b, g, of=lambda b, x: b.op("abs", x), times=lambda b, x: b.op("sign", x)),
               doc="largest absolute value, max(abs(x)) (NaN ignored)",
               **dict(_MAX, ref=lambda x, d: _ignoring_nan(x.abs(), 0.0).amax(d, keepdim=True))),
-    Reduction("lse", (-math.inf, 0.0), ref=lambda x, d: torch.logsumexp(x, d, keepdim=True),
-              ref_partial=_lse_partial, ref_merge=_lse_merge, block=False,
-              cxx_merge=("{{ float m_ = fmaxf({a0}, {x0}); "
-                         "{a1} = ({a0} == -INFINITY ? 0.f : {a1} * __expf({a0} - m_)) "
-                         "+ ({x0} == -INFINITY ? 0.f : {x1} * __expf({x0} - m_)); {a0} = m_; }}"),
-              cxx_finalize="({a0} + logf({a1}))", single=("{x}", "1.f"),
+    Reduction("lse", -math.inf, ref=lambda x, d: torch.logsumexp(x, d, keepdim=True),
+              ref_partial=_lse_partial, ref_merge=lambda s, d: torch.logsumexp(s, d, keepdim=True), block=False,
+              # log(exp(a) + exp(x)) against the larger side; symmetric bit for bit, so lanes that merge
+              # each other's values end with the same bits; an empty side (-inf) adds nothing
+              cxx_merge=("{{ const float hi_ = fmaxf({a}, {x}), lo_ = fminf({a}, {x}); "
+                         "{a} = lo_ == -INFINITY ? hi_ : hi_ + log1pf(__expf(lo_ - hi_)); }}"),
+              cxx_finalize="{a}",
               vjp=lambda b, g: b.mul(g, b.op("exp", b.sub(b.x(0), b.y))),
-              doc="log-sum-exp, merged online from (max, sum of exp(x - max)) pairs"),
+              doc="log-sum-exp, merged from per-tile log-sum-exps"),
 )}
 
 

@@ -3,8 +3,8 @@
 In the gemm, `reduce(X)` turns into a `partial` sink that writes one state per (row, tile of
 columns) -- deterministic, no atomics -- into a buffer. A combine kernel placed right after the
 gemm reads only those partials, merges them in tile order with the reduction's own merge rule
-(epic/ir/primitives.py: sums add, max/min compare, mean divides by the width, the online
-log-sum-exp pair (m, s) merges as m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)), then
+(epic/ir/primitives.py: sums add, max/min compare, mean divides by the width, log-sum-exps merge
+as log(exp(a) + exp(b))), then
 computes the vector math that follows the reductions and performs the stores that need it.
 Vector stores that need no reduction (a scaled column vector) move there too: a gemm epilogue
 stores tiles only. A quantizing tile store that needs a row statistic (dynamic per-token
@@ -101,8 +101,7 @@ def _split(k, dep: dict, tensors: dict, unscalable: frozenset) -> list:
             buf = f"{k.name}__{r.name or axis + '_' + r.attrs['fn']}_part{i}"
             x = r.args[0]
             tensors[buf] = Tensor(buf, F32, (k.rows, k.n * x.shape.width), "partial",
-                                  r.span, producer=k.name, tiles_axis="n" if axis == "row" else "m",
-                                  components=P.reduction(r.attrs["fn"]).state)
+                                  r.span, producer=k.name, tiles_axis="n" if axis == "row" else "m")
             attrs = {"axis": axis, "fn": r.attrs["fn"], "buffer": buf}
             partial = make("partial", (x,), attrs, like=r, name=r.name)
             partial_stores.append(Store(buf, partial, r.span))

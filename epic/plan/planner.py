@@ -72,9 +72,8 @@ def buffer_of(t: Tensor, sizes: dict[str, int], configs: dict) -> Buffer:
         cfg = configs[t.producer]
         rows, width = dims
         axis = "row" if t.tiles_axis == "n" else "col"
-        shape = layouts.partial_shape(axis, rows, width, cfg.tile_m, cfg.tile_n, t.components)
-        what = (f"per-tile {'row' if axis == 'row' else 'column'} partials, tile-major, padded to the tile"
-                + (", (max, sum-exp) pairs" if t.components == 2 else ""))
+        shape = layouts.partial_shape(axis, rows, width, cfg.tile_m, cfg.tile_n)
+        what = f"per-tile {'row' if axis == 'row' else 'column'} partials, tile-major, padded to the tile"
         return Buffer(t.name, t.role, t.dtype, shape, "float32", _nbytes(shape, 32), what, t.producer)
     if t.dtype in dtypes.PACKED:
         shape = layouts.packed_int4_shape(*dims)

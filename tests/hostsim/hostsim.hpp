@@ -633,9 +633,7 @@ struct RowLsePartial : Node {
         std::copy(s, s + kLanes, s2);
         for (int l = 0; l < kLanes; ++l) arith::lse_merge(m[l], s[l], m2[l ^ mask], s2[l ^ mask]);
       }
-      size_t at = 2 * (t.n_index * mpad + t.m0 + r);
-      args.ptr[at] = m[0];
-      args.ptr[at + 1] = s[0];
+      args.ptr[t.n_index * mpad + t.m0 + r] = arith::lse_value(m[0], s[0]);
     }
   }
 };

@@ -3,7 +3,7 @@ each, printed into the kernels that use them).
 
 - Coordinate: the row or column index of each element (`row`, `col`; cross entropy's row_pick).
 - PeriodicRowBroadcast: a per-head vector, [Dh] repeated along N = H*Dh columns (vec[col % Dh]).
-- RowLsePartial: per-tile online log-sum-exp pairs (max, sum of exp(x - max)) of a row.
+- RowLsePartial: each tile's log-sum-exp of a row (online over (max, sum of exp(x - max)) pairs).
 - BlockScaleD / BlockScaleInt4: 1xB block-scaled quantization, the internal op block_quant(x, s):
   q = x / s with s = max(block amax of |x|, floor) / qmax, which the block-quant pass
   (passes/block_quant.py) recognises in its spellings (the prelude's fp8_e4m3_scale, int8_block_scale
@@ -57,7 +57,7 @@ class RowLsePartial(pat.RowLsePartial, NodeImpl):
     @classmethod
     def emit(cls, b, s) -> int:
         src = b.compute(s.value.args[0])
-        p = b.pointer("row_partial", s.tensor, dtypes.F32, "[tiles N, M padded, 2] (max, sum-exp)")
+        p = b.pointer("row_partial", s.tensor, dtypes.F32, "[tiles N, M padded] per-tile log-sum-exp")
         return b.add(cls, "epic_nodes::Sm90RowLsePartial<TileShape>", f"{{static_cast<float*>({p})}}", [src],
                      f"per-tile row lse -> {s.tensor}")
 
@@ -142,9 +142,9 @@ def _block_functor(b, scale, r) -> str:
     value = writer.emit(scale)[0]
     name = f"epic_block{len(b.functors)}"
     lines = [f"struct {name} {{  // {red.name} over 1x{r.attrs['block']} blocks, then the scale",
-             f"  CUTLASS_DEVICE static float identity() {{ return {literal(red.identity[0])}; }}",
+             f"  CUTLASS_DEVICE static float identity() {{ return {literal(red.identity)}; }}",
              f"  CUTLASS_DEVICE static float pre(float x) {{ return {pre}; }}",
-             f"  CUTLASS_DEVICE static void merge(float& a0, float x0) {{ {red.cxx_merge.format(a0='a0', x0='x0')} }}",
+             f"  CUTLASS_DEVICE static void merge(float& a0, float x0) {{ {red.cxx_merge.format(a='a0', x='x0')} }}",
              "  CUTLASS_DEVICE static float finalize(float a0) {"]
     lines += [f"    {line}" for line in writer.lines]
     lines += [f"    return {value};", "  }", "};"]

@@ -71,7 +71,7 @@ class _StockPartial(NodeImpl):
         v = s.value
         r = P.reduction(v.attrs["fn"])
         x = make(r.pre, (v.args[0],), {}, v.span) if r.pre else v.args[0]
-        identity = literal(r.identity[0])
+        identity = literal(r.identity)
         src = b.add(OutsideAs, "epic_nodes::Sm90OutsideAs", f"{{{identity}}}", [b.compute(x)],
                     f"outside the problem -> {identity}")
         p = b.pointer(f"{cls.axis}_partial", s.tensor, dtypes.F32)

@@ -23,7 +23,7 @@
 namespace epic_nodes {
 namespace detail {
 
-// ---- online log-sum-exp (Sm90RowLsePartial): a state (max, sum of exp(x - max))
+// ---- online log-sum-exp (Sm90RowLsePartial): a state (max, sum of exp(x - max)), stored as one value
 
 // Factor that rescales a running sum when its max moves from old_max to new_max: 1 when it did not
 // move (so -inf to -inf never computes -inf - -inf).
@@ -56,6 +56,12 @@ lse_merge(float& m1, float& s1, float m2, float s2) {
   float b = (m2 == m) ? s2 : s2 * __expf(m2 - m);
   m1 = m;
   s1 = a + b;
+}
+
+// The log-sum-exp of a state: m + log(s); -inf for an empty one (m = -inf, s = 0).
+EPIC_ARITH float
+lse_value(float m, float s) {
+  return (m == -INFINITY) ? -INFINITY : m + logf(s);
 }
 
 // ---- 1 x Block quantization (Sm90BlockScale) and scaling (Sm90BlockReduceScale)
