@@ -42,6 +42,7 @@ PROGRAMS = {
     "tests/programs/per_head.epi": lambda m, n, k: dict(M=m, D=k, H=16, Dh=_up(n // 16, 2)),
     "tests/programs/fp8_mixed.epi": lambda m, n, k: dict(M=m, K=_up(k, 16), N=_up(n, 16)),
     "tests/programs/coordinates.epi": lambda m, n, k: dict(M=m, D=k, N=n),
+    "tests/programs/masked_lse.epi": lambda m, n, k: dict(M=m, D=k, N=n),
     "tests/programs/quant_no_scales.epi": lambda m, n, k: dict(M=m, K=k, N=_up(n, 64)),
     "samples/qk_norm_rope.epi": lambda m, n, k: dict(M=m, D=k, H=max(1, n // 128), Dh=128),
     "tests/programs/block_stats.epi": lambda m, n, k: dict(M=m, K=k, N=n, P=_up(n, 64)),
