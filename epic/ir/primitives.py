@@ -576,9 +576,10 @@ REDUCTIONS: dict[str, Reduction] = {r.name: r for r in (
     Reduction("lse", -math.inf, ref=lambda x, d: torch.logsumexp(x, d, keepdim=True),
               ref_partial=_lse_partial, ref_merge=lambda s, d: torch.logsumexp(s, d, keepdim=True), block=False,
               # log(exp(a) + exp(x)) against the larger side; symmetric bit for bit, so lanes that merge
-              # each other's values end with the same bits; an empty side (-inf) adds nothing
-              cxx_merge=("{{ const float hi_ = fmaxf({a}, {x}), lo_ = fminf({a}, {x}); "
-                         "{a} = lo_ == -INFINITY ? hi_ : hi_ + log1pf(__expf(lo_ - hi_)); }}"),
+              # each other's values end with the same bits. An empty side (-inf) adds nothing, two +inf
+              # give +inf, and a NaN side gives NaN (comparisons, not fmaxf/fminf, which drop a NaN)
+              cxx_merge=("{{ const float hi_ = {a} > {x} ? {a} : {x}, lo_ = {a} > {x} ? {x} : {a}; "
+                         "{a} = (lo_ == -INFINITY || lo_ == INFINITY) ? hi_ : hi_ + log1pf(__expf(lo_ - hi_)); }}"),
               cxx_finalize="{a}",
               vjp=lambda b, g: b.mul(g, b.op("exp", b.sub(b.x(0), b.y))),
               doc="log-sum-exp, merged from per-tile log-sum-exps"),
