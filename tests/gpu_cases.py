@@ -74,9 +74,9 @@ PROGRAMS = {
 # multiple of 192 (N = 576: 333 x 576 runs the wide tile wherever the program's blocks allow it).
 SIZES = [(128, 256, 128), (256, 512, 256), (1, 392, 200), (77, 392, 200), (8191, 392, 200), (300, 264, 136),
          (333, 576, 136)]
-# over 1024 rows and columns: combine kernels merge several rows (columns) per warp (combine.py's grouped
-# form), with ragged ends in both directions; the same configuration as 8191 x 392 (no new kernels)
-MANY_ROWS_SIZE = (1100, 1040, 136)
+# over 4096 rows, then over 4096 columns: combine kernels merge several rows (columns) per warp
+# (combine.py's grouped form), ragged; the configurations of 8191 x 392 and 300 x 264 (no new kernels)
+MANY_ROWS_SIZES = [(4100, 392, 136), (300, 4104, 136)]
 # Split-K: every gemm of every program split 3 ways (K = 200: 4 k-tiles split unevenly, 2 + 1 + 1) at a
 # decode size (cooperative 128-row tiles, cluster 1x1); programs with row statistics, block stores and
 # chains also at a large size (cooperative 128x128, cluster 2x1: the heuristic's tile, cooperative for split-K).

@@ -26,7 +26,7 @@ from epic import dtypes, reference
 from epic.diagnostics import EpicError
 
 from .gpu_cases import (CLUSTER_1X2_CASE, DEPENDENT_FIRST_CASES, DETERMINISM_CASES, HF_BLOCK_CASE, MEMCHECK_CASES,
-                        LOAD_HINT_CASES, MANY_ROWS_SIZE, PROGRAMS, QUANT_SIZES, SERPENTINE_CASES, SIZES, SPLIT_CASES,
+                        LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS, QUANT_SIZES, SERPENTINE_CASES, SIZES, SPLIT_CASES,
                         TORCH_COMPILE_CASE, XENT_D, XENT_SIZES, cluster_1x2_config, fold_config, folds, gemm_options,
                         make_inputs, path, split_k_config, to_device)
 
@@ -139,14 +139,15 @@ def test_kernel_matches_reference(name, size):
     _check_against_reference(compiled(name), name, size)
 
 
+@pytest.mark.parametrize("size", MANY_ROWS_SIZES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("name", list(PROGRAMS))
-def test_combine_kernels_over_many_rows_and_columns_match_reference(name):
-    """From 1024 rows (columns) on, a warp of a row (column) combine kernel merges 4 of them at once."""
+def test_combine_kernels_over_many_rows_and_columns_match_reference(name, size):
+    """From 4096 rows (columns) on, a warp of a row (column) combine kernel merges 4 of them at once."""
     from epic.codegen.combine import lower_combine
     program = compiled(name).program
     if not any(lower_combine(program, k).grouped for k in program.kernels if k.kind == "combine"):
         pytest.skip("no combine kernel that merges rows (columns) in groups")
-    _check_against_reference(compiled(name), name, MANY_ROWS_SIZE)
+    _check_against_reference(compiled(name), name, size)
 
 
 @pytest.mark.parametrize("name, size", SPLIT_CASES, ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else c)

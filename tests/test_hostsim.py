@@ -37,11 +37,12 @@ WIDE = (300, 576, 136)      # N a multiple of 192: large M takes 128x192 tiles w
 # flight: 2320 columns (a multiple of 16, over 2048) take every lane through a second round of steps
 # that ends part-way (combine.steps_in_flight)
 FINISH_WIDE = (77, 2320, 136)
-# a combine kernel over 1024 rows (columns) or more gives each warp several (combine.py's grouped form)
-MANY_ROWS = (1100, 1040, 136)
+# a combine kernel over 4096 rows (columns) or more gives each warp several (combine.py's grouped form):
+# many rows, then many columns (each ragged), the other dimension small to keep the host's work small
+MANY_ROWS, MANY_COLS = (4100, 392, 136), (300, 4104, 136)
 CASES = [(config, shape) for config in ("small_m", "large_m", "small_m_fold", "large_m_fold") for shape in SHAPES] + \
     [("large_m", WIDE), ("large_m_fold", WIDE), ("large_m_direct", SHAPES[1]), ("small_m", FINISH_WIDE),
-     ("large_m", MANY_ROWS)]
+     ("large_m", MANY_ROWS), ("large_m", MANY_COLS)]
 
 
 def sizes_for(program, m: int, n: int, k: int) -> dict[str, int]:
@@ -93,10 +94,16 @@ def finishes_tiles_in_steps(case: harness.Case) -> bool:
     return any("j0 += 32 * " in s for s in case.sources)
 
 
+def groups_rows(case: harness.Case) -> bool:
+    return any("constexpr int kRowsPerWarp" in s for s in case.sources)
+
+
 def same_as_unchanged(config: str, case: harness.Case, shape=None) -> str | None:
     """Why a variant configuration's case would build the same kernels as the plain one, or None."""
     if shape == FINISH_WIDE and not finishes_tiles_in_steps(case):
         return "no combine kernel finishing tiles: the wide rows test nothing the other sizes do not"
+    if shape in (MANY_ROWS, MANY_COLS) and not groups_rows(case):
+        return "no combine kernel that merges rows (columns) in groups: the many rows test nothing new"
     if config == "large_m_direct" and not loads_tiles_directly(case):
         return "no extra tiles to load: the same kernels as large_m"
     if config.endswith("_fold") and not folds(case):

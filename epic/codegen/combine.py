@@ -14,7 +14,11 @@ row's columns): lane l merges row l % R at tiles l / R, l / R + 32 / R, ..., kIn
 once, and the butterfly runs over the lanes of a row. The partials are tile-major, so a warp's load
 then reads R neighbouring rows' entries of 32 / R tiles, whole 32-byte sectors, where a warp per row
 reads one entry of 32 tiles, a sector each: at M = 8192 and 668 tiles (cross entropy on an H100) the
-warp per row took 87 us for 66 MB of partials (bench/results/2026-12-06-h100-xent-epilogue.log).
+warp per row took 87 us for 66 MB of partials (bench/results/2026-12-06-h100-xent-epilogue.log); on
+an H200 the grouped form took about half the time (2026-12-06-h200-combine-grouped-lse1.log). Only
+M = 8192 is measured. The grouped kernel runs a quarter as many warps, each lane merging 4 times as
+many tiles, so its time hardly shrinks with fewer rows while a warp per row's does (its loads waste
+sectors but fill the SMs): by those two times they cross near M = 4096, where kGroupFrom is.
 """
 from __future__ import annotations
 
