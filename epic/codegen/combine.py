@@ -12,13 +12,15 @@ Where there are many rows (kGroupFrom, a launch-time choice), a warp takes kRows
 rows instead (`grouped`; not for a combine that finishes tile stores, whose lanes then share a
 row's columns): lane l merges row l % R at tiles l / R, l / R + 32 / R, ..., kInFlight loads at
 once, and the butterfly runs over the lanes of a row. The partials are tile-major, so a warp's load
-then reads R neighbouring rows' entries of 32 / R tiles, whole 32-byte sectors, where a warp per row
-reads one entry of 32 tiles, a sector each: at M = 8192 and 668 tiles (cross entropy on an H100) the
-warp per row took 87 us for 66 MB of partials (bench/results/2026-12-06-h100-xent-epilogue.log); on
-an H200 the grouped form took about half the time (2026-12-06-h200-combine-grouped-lse1.log). Only
-M = 8192 is measured. The grouped kernel runs a quarter as many warps, each lane merging 4 times as
-many tiles, so its time hardly shrinks with fewer rows while a warp per row's does (its loads waste
-sectors but fill the SMs): by those two times they cross near M = 4096, where kGroupFrom is.
+then reads R neighbouring rows' 4-byte entries of 32 / R tiles, half a 32-byte sector each at R = 4,
+where a warp per row reads one entry of each of 32 tiles, an eighth of a sector each. Cross entropy at
+M = 8192 (668 tiles): the warp per row took 87 us on an H100 for the 66 MB of (max, sum-exp) pairs
+then (bench/results/2026-12-06-h100-xent-epilogue.log); on an H200 the grouped form over one-float
+partials took about half the time of the warp per row over pairs
+(2026-12-06-h200-combine-grouped-lse1.log). Only M = 8192 is measured. The grouped kernel runs a
+quarter as many warps, each lane merging 4 times as many tiles, so its time hardly shrinks with
+fewer rows while a warp per row's does (its loads waste sectors but fill the SMs): by those two times
+they cross near M = 4096, where kGroupFrom is.
 """
 from __future__ import annotations
 
