@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -49,6 +50,40 @@ def nodes_from(directory: str | None):
         yield
     finally:
         emit._header_file = saved
+
+
+@contextlib.contextmanager
+def combine_rows(rows: int | None):
+    """Combine kernels generated inside merge `rows` rows (columns) per warp from the first one on:
+    combine.py's grouped form with kGroupFrom = 0 and kRowsPerWarp = rows (1: a warp per row). The
+    constants are printed into the kernel, so its cache key (and library) is its own: an A/B of the
+    rows per warp, and of where grouping should start, in one process. Combines without the grouped
+    form (a whole-tensor combine, one finishing tiles) are generated as they are. None: unchanged."""
+    from epic.codegen import emit
+    if rows is None:
+        yield
+        return
+    if rows < 1 or 32 % rows:
+        raise SystemExit(f"rows{rows}: the rows a warp merges must divide 32")
+    saved = emit.render_combine
+
+    def render(spec):
+        text = saved(spec)
+        if "constexpr int kRowsPerWarp" not in text:
+            return text
+        text = re.sub(r"constexpr int kGroupFrom = \d+;", "constexpr int kGroupFrom = 0;", text)
+        return re.sub(r"constexpr int kRowsPerWarp = \d+;", f"constexpr int kRowsPerWarp = {rows};", text)
+    emit.render_combine = render
+    try:
+        yield
+    finally:
+        emit.render_combine = saved
+
+
+def combine_rows_label(label: str) -> int | None:
+    """The rows per warp of a `rowsR` candidate label (rows1, rows4, rows8, ...), else None."""
+    m = re.fullmatch(r"rows(\d+)", label)
+    return int(m.group(1)) if m else None
 
 
 def bench(fn):

@@ -22,6 +22,10 @@ A configuration named `tuned` runs `epic tune` at the work's shape first and tim
 `nodes` (with --nodes-from DIR) is the default configuration generated with the custom node headers
 in DIR (bench.py's nodes_from): another commit's nodes beside this one's, e.g. before and after a
 node change. Build its kernels with `bench/prebuild.py --nodes-from DIR`.
+`rowsR` (rows1, rows4, rows8, ...) is the default configuration with every grouped combine kernel
+merging R rows (columns) per warp from the first row on (bench.py's combine_rows; rows1: a warp per
+row): the grouped form's rows per warp and threshold measured in one run. Build its kernels with
+`bench/prebuild.py --combine-rows 1,4,8`.
 
 --repeat N makes each run N calls back to back (cuBLAS's too), as a model's consecutive layers would:
 a call's first gemm then follows the previous call's last kernel. `--work a+b` runs work a's program
@@ -54,7 +58,8 @@ import epic  # noqa: E402
 from epic.runtime import fastcall  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import ROOT, WORK, allow_tile_widths, graphed, nodes_from, parse_config  # noqa: E402
+from bench import (ROOT, WORK, allow_tile_widths, combine_rows, combine_rows_label, graphed, nodes_from,  # noqa: E402
+                   parse_config)
 from profiling import l2_flush  # noqa: E402
 
 
@@ -78,17 +83,18 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False, repea
             if label == "tuned":      # what `epic tune` picks at this shape, timed beside the rest
                 config = tuned_config(base, path, inputs)
                 print(f"  {name} M={m} tuned: {config}", flush=True)
-            elif label == "nodes":    # the default configuration, compiled anew from other node headers
-                config = None
+            elif label == "nodes" or combine_rows_label(label):   # the default configuration, compiled anew
+                config = None         # from other node headers, or with its combines' rows per warp set
             elif label in SWITCHES or label in PATCHES:   # the default with a launch rule changed
                 prog = bound_with_rule(path, inputs, label)
                 out.append((label, wrap(lambda p=prog: p(**inputs))))
                 continue
             else:
                 config = {g: parse_config(label) for g in gemms} if label != "default" else None
-            other_nodes = label == "nodes"
-            with nodes_from(NODES_FROM if other_nodes else None):   # the first call generates the kernels
-                prog = base if config is None and not other_nodes else epic.compile(os.path.join(ROOT, path), config)
+            other_nodes, rows = label == "nodes", combine_rows_label(label)
+            anew = config is not None or other_nodes or rows is not None
+            with nodes_from(NODES_FROM if other_nodes else None), combine_rows(rows):   # the first call generates
+                prog = epic.compile(os.path.join(ROOT, path), config) if anew else base     # the kernels
                 got = outputs(prog(**inputs))
             if want is None:
                 want = got

@@ -81,3 +81,29 @@ def test_nodes_from_generates_with_another_directorys_node_headers(tmp_path):
     with pytest.raises(SystemExit, match="no epic_nodes/"):
         with bench.nodes_from(str(tmp_path / "epic_nodes")):
             pass
+
+
+def test_combine_rows_sets_the_grouped_combines_rows_per_warp():
+    """bench.py's combine_rows (the rowsR candidates): inside it the combine kernel groups from the
+    first row with R rows per warp, the gemm is untouched; outside it, as generated; R must divide 32."""
+    from epic.codegen import emit
+    bench = bench_module("bench")
+    assert [bench.combine_rows_label(label) for label in ("rows8", "rows1", "default", "rows", "nodes")] == \
+        [8, 1, None, None, None]
+    prog = epic.compile(str(ROOT / "samples" / "cross_entropy.epi"))
+
+    def sources():
+        configs = emit.kernel_configs(prog.program, 8192, None, dict(M=8192, D=4096, V=128256))
+        return {u.name: u.source for _, u in emit.units(prog.program, configs)}
+
+    mine = sources()
+    combine = next(name for name in mine if "combine" in name)
+    assert "constexpr int kRowsPerWarp = 4;" in mine[combine] and "kGroupFrom = 0;" not in mine[combine]
+    with bench.combine_rows(8):
+        other = sources()
+    assert "constexpr int kRowsPerWarp = 8;" in other[combine] and "constexpr int kGroupFrom = 0;" in other[combine]
+    assert {n: s for n, s in other.items() if n != combine} == {n: s for n, s in mine.items() if n != combine}
+    assert sources() == mine                         # restored
+    with pytest.raises(SystemExit, match="must divide 32"):
+        with bench.combine_rows(3):
+            pass

@@ -22,7 +22,7 @@ from epic.diagnostics import EpicError
 from epic.plan import planner
 
 from . import hostsim
-from .conftest import ROOT, SAMPLES
+from .conftest import ROOT, SAMPLES, bench_module
 from .hostsim import harness
 
 PROGRAMS = [str(p.relative_to(ROOT)) for p in [*SAMPLES, *sorted((ROOT / "tests" / "programs").glob("*.epi"))]]
@@ -171,3 +171,19 @@ def test_a_callers_value_for_a_defaulted_scalar_reaches_the_kernels():
     with harness.one_torch_thread():
         given, default = harness.run(case, dict(inputs, eps=0.5)), harness.run(case, inputs)
     assert not torch.equal(given["r"], default["r"]), "eps does not reach the kernels: the test proves nothing"
+
+
+# bench.py's combine_rows(R), behind bench/interleaved.py's rowsR candidates: every grouped combine
+# merges R rows (columns) per warp from the first one on (R = 1: a warp per row). Timing them on a GPU
+# is only worth it if each computes the same statistics: ragged rows and columns, R = 2 and 8 beside
+# the default R = 4 (the cases above) and the warp per row.
+@pytest.mark.parametrize("rows", [1, 2, 8])
+@pytest.mark.parametrize("name", ["tests/programs/col_stats.epi", "samples/cross_entropy.epi"])
+def test_grouped_combines_at_other_rows_per_warp_match_reference_on_host(name, rows):
+    hostsim.require_toolchain()
+    bench = bench_module("bench")
+    with bench.combine_rows(rows):
+        case = prepare(name, "large_m", SHAPES[1])
+    combines = [s for s in case.sources if "kRowsPerWarp" in s]
+    assert combines and all(f"kRowsPerWarp = {rows};" in s and "kGroupFrom = 0;" in s for s in combines)
+    harness.check(case, seed_of(name, "rows", rows))
