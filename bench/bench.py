@@ -17,6 +17,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -44,12 +45,8 @@ def nodes_from(directory: str | None):
     root = Path(directory)
     if not (root / "epic_nodes").is_dir():
         raise SystemExit(f"--nodes-from {directory}: no epic_nodes/ in it")
-    saved = emit._header_file
-    emit._header_file = lambda name: (root / name).read_text()
-    try:
+    with mock.patch.object(emit, "_header_file", lambda name: (root / name).read_text()):
         yield
-    finally:
-        emit._header_file = saved
 
 
 @contextlib.contextmanager
@@ -65,19 +62,14 @@ def combine_rows(rows: int | None):
         return
     if rows < 1 or 32 % rows:
         raise SystemExit(f"rows{rows}: the rows a warp merges must divide 32")
-    saved = emit.render_combine
+    original = emit.render_combine
 
     def render(spec):
-        text = saved(spec)
-        if "constexpr int kRowsPerWarp" not in text:
-            return text
+        text = original(spec)
         text = re.sub(r"constexpr int kGroupFrom = \d+;", "constexpr int kGroupFrom = 0;", text)
         return re.sub(r"constexpr int kRowsPerWarp = \d+;", f"constexpr int kRowsPerWarp = {rows};", text)
-    emit.render_combine = render
-    try:
+    with mock.patch.object(emit, "render_combine", render):
         yield
-    finally:
-        emit.render_combine = saved
 
 
 def combine_rows_label(label: str) -> int | None:

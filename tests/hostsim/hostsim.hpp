@@ -465,13 +465,14 @@ struct AuxStore : Node {
   }
 };
 
-// Sm90ColReduction / Sm90RowReduction with FinalReduction = false: every tile reduces its elements
-// inside the problem (CheckOOB, CUTLASS's VisitCheckOOB; else every element it visits) along the row (ColReduction: one value per row) or the column (RowReduction:
-// one per column), starting from reduction_identity, and writes one partial per row (column) of
+// Sm90ColReduction / Sm90RowReduction with FinalReduction = false and VisitCheckOOB = false (as epic
+// emits them, behind OutsideAs): every tile reduces every element it visits, those outside the
+// problem too, along the row (ColReduction: one value per row) or the column (RowReduction: one per
+// column), starting from reduction_identity, and writes one partial per row (column) of
 // the tile -- padding rows (columns) past the problem hold the identity -- into ptr, laid out as
 // CUTLASS's reduction buffer: ColReduction part[n_tile * round_up(M, tile M) + m], RowReduction
 // part[m_tile * round_up(N, tile N) + n].
-template <template <class> class ReduceFn, class ElementCompute, bool AlongRow, bool CheckOOB = true>
+template <template <class> class ReduceFn, class ElementCompute, bool AlongRow>
 struct TileReduction : Node {
   struct Arguments {
     void* ptr = nullptr;
@@ -492,7 +493,6 @@ struct TileReduction : Node {
   Frag<T> visit(Fragment const& f, Frag<T> const& x) {
     ReduceFn<ElementCompute> reduce{};
     for (int i = 0; i < kFrag; ++i) {
-      if (CheckOOB && !f.inside[i]) continue;
       int lane = (AlongRow ? f.m[i] : f.n[i]) - first;
       lanes[lane] = reduce(lanes[lane], convert<ElementCompute>(float(x[i])));
     }
@@ -509,10 +509,10 @@ struct TileReduction : Node {
   }
 };
 
-template <template <class> class ReduceFn, class ElementCompute, bool CheckOOB = true>
-using ColReduction = TileReduction<ReduceFn, ElementCompute, true, CheckOOB>;
-template <template <class> class ReduceFn, class ElementCompute, bool CheckOOB = true>
-using RowReduction = TileReduction<ReduceFn, ElementCompute, false, CheckOOB>;
+template <template <class> class ReduceFn, class ElementCompute>
+using ColReduction = TileReduction<ReduceFn, ElementCompute, true>;
+template <template <class> class ReduceFn, class ElementCompute>
+using RowReduction = TileReduction<ReduceFn, ElementCompute, false>;
 
 // epic_nodes::Sm90OutsideAs: its input, with the elements outside the problem replaced by `value`.
 struct OutsideAs : Node {

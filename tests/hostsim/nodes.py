@@ -72,8 +72,8 @@ def _aux_store(node: NodeDecl) -> str:
 
 def _reduction(host: str) -> Callable[[NodeDecl], str]:
     """Sm90ColReduction / Sm90RowReduction<RegFn, ShuffleFn, GmemFn, Stages, CtaTile, ElementOutput,
-    ElementCompute, Round, Stride, Alignment, EnableNullptr, FinalReduction[, VisitCheckOOB]>:
-    without the check every visited element is reduced, those outside the problem too."""
+    ElementCompute, Round, Stride, Alignment, EnableNullptr, FinalReduction, VisitCheckOOB>, unchecked
+    as epic emits it (OutsideAs in front): every visited element is reduced, those outside the problem too."""
     def make(node: NodeDecl) -> str:
         a = _args(node, 12)
         reg, shuffle, gmem, stages, tile, _, compute = a[:7]
@@ -81,8 +81,8 @@ def _reduction(host: str) -> Callable[[NodeDecl], str]:
         _require(node, stages == "0", f"Stages={stages}")
         _require(node, tile == "TileShape", f"a CTA tile other than TileShape ({tile})")
         _require(node, a[11] == "false", f"FinalReduction={a[11]} (only per-tile partials are emulated)")
-        checked = len(a) < 13 or a[12] == "true"
-        return f"hostsim::{host}<{reg}, {compute}, {str(checked).lower()}>"
+        _require(node, len(a) == 13 and a[12] == "false", "VisitCheckOOB other than false")
+        return f"hostsim::{host}<{reg}, {compute}>"
     return make
 
 
