@@ -50,32 +50,38 @@ def nodes_from(directory: str | None):
 
 
 @contextlib.contextmanager
-def combine_rows(rows: int | None):
+def combine_rows(rows: int | None, in_flight: int | None = None):
     """Combine kernels generated inside merge `rows` rows (columns) per warp from the first one on:
-    combine.py's grouped form with kGroupFrom = 0 and kRowsPerWarp = rows (1: a warp per row). The
-    constants are printed into the kernel, so its cache key (and library) is its own: an A/B of the
-    rows per warp, and of where grouping should start, in one process. Combines without the grouped
-    form (a whole-tensor combine, one finishing tiles) are generated as they are. None: unchanged."""
+    combine.py's grouped form with kGroupFrom = 0 and kRowsPerWarp = rows (1: a warp per row), and
+    with in_flight given, kInFlight = in_flight loads at once per lane. The constants are printed into
+    the kernel, so its cache key (and library) is its own: an A/B of the rows per warp, of the loads in
+    flight and of where grouping should start, in one process. Combines without the grouped form (a
+    whole-tensor combine, one finishing tiles) are generated as they are. None: unchanged."""
     from epic.codegen import emit
     if rows is None:
         yield
         return
     if rows < 1 or 32 % rows:
         raise SystemExit(f"rows{rows}: the rows a warp merges must divide 32")
+    if in_flight is not None and not 1 <= in_flight <= 64:
+        raise SystemExit(f"rows{rows}x{in_flight}: from 1 to 64 loads in flight")
     original = emit.render_combine
 
     def render(spec):
         text = original(spec)
         text = re.sub(r"constexpr int kGroupFrom = \d+;", "constexpr int kGroupFrom = 0;", text)
+        if in_flight is not None:
+            text = re.sub(r"constexpr int kInFlight = \d+;", f"constexpr int kInFlight = {in_flight};", text)
         return re.sub(r"constexpr int kRowsPerWarp = \d+;", f"constexpr int kRowsPerWarp = {rows};", text)
     with mock.patch.object(emit, "render_combine", render):
         yield
 
 
-def combine_rows_label(label: str) -> int | None:
-    """The rows per warp of a `rowsR` candidate label (rows1, rows4, rows8, ...), else None."""
-    m = re.fullmatch(r"rows(\d+)", label)
-    return int(m.group(1)) if m else None
+def combine_rows_label(label: str) -> tuple[int, int | None] | None:
+    """combine_rows's arguments for a `rowsR` or `rowsRxF` candidate label (rows1, rows4, rows8x16: 8
+    rows per warp, 16 loads in flight per lane), else None."""
+    m = re.fullmatch(r"rows(\d+)(?:x(\d+))?", label)
+    return (int(m.group(1)), int(m.group(2)) if m.group(2) else None) if m else None
 
 
 def bench(fn):

@@ -24,8 +24,8 @@ in DIR (bench.py's nodes_from): another commit's nodes beside this one's, e.g. b
 node change. Build its kernels with `bench/prebuild.py --nodes-from DIR`.
 `rowsR` (rows1, rows4, rows8, ...) is the default configuration with every grouped combine kernel
 merging R rows (columns) per warp from the first row on (bench.py's combine_rows; rows1: a warp per
-row): the grouped form's rows per warp and threshold measured in one run. Build its kernels with
-`bench/prebuild.py --combine-rows 1,4,8`.
+row), `rowsRxF` the same with F loads in flight per lane: the grouped form's rows per warp, loads in
+flight and threshold measured in one run. Build its kernels with `bench/prebuild.py --combine-rows 1,4,8,4x16`.
 
 --repeat N makes each run N calls back to back (cuBLAS's too), as a model's consecutive layers would:
 a call's first gemm then follows the previous call's last kernel. `--work a+b` runs work a's program
@@ -93,7 +93,7 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False, repea
                 config = {g: parse_config(label) for g in gemms} if label != "default" else None
             other_nodes, rows = label == "nodes", combine_rows_label(label)
             anew = config is not None or other_nodes or rows is not None
-            with nodes_from(NODES_FROM if other_nodes else None), combine_rows(rows):   # the first call generates
+            with nodes_from(NODES_FROM if other_nodes else None), combine_rows(*(rows or (None,))):   # the first call generates
                 prog = epic.compile(os.path.join(ROOT, path), config) if anew else base     # the kernels
                 got = outputs(prog(**inputs))
             if want is None:

@@ -88,8 +88,8 @@ def test_combine_rows_sets_the_grouped_combines_rows_per_warp():
     first row with R rows per warp, the gemm is untouched; outside it, as generated; R must divide 32."""
     from epic.codegen import emit
     bench = bench_module("bench")
-    assert [bench.combine_rows_label(label) for label in ("rows8", "rows1", "default", "rows", "nodes")] == \
-        [8, 1, None, None, None]
+    assert [bench.combine_rows_label(label) for label in ("rows8", "rows1", "rows4x16", "default", "rows", "nodes",
+                                                          "rows4x")] == [(8, None), (1, None), (4, 16), None, None, None, None]
     prog = epic.compile(str(ROOT / "samples" / "cross_entropy.epi"))
 
     def sources():
@@ -103,6 +103,10 @@ def test_combine_rows_sets_the_grouped_combines_rows_per_warp():
         other = sources()
     assert "constexpr int kRowsPerWarp = 8;" in other[combine] and "constexpr int kGroupFrom = 0;" in other[combine]
     assert {n: s for n, s in other.items() if n != combine} == {n: s for n, s in mine.items() if n != combine}
+    assert "constexpr int kInFlight = 8;" in other[combine]
+    with bench.combine_rows(4, 16):
+        deeper = sources()
+    assert "constexpr int kInFlight = 16;" in deeper[combine] and "constexpr int kRowsPerWarp = 4;" in deeper[combine]
     assert sources() == mine                         # restored
     with pytest.raises(SystemExit, match="must divide 32"):
         with bench.combine_rows(3):

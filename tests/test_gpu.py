@@ -362,7 +362,7 @@ def test_quantization_is_the_reference_quantizer_of_the_kernels_values(size):
 
 @pytest.mark.parametrize("m, v", XENT_SIZES)
 def test_cross_entropy_without_logits(m, v):
-    """loss = lse - target logit, from per-tile (max, sum-exp) pairs: no [M, V] tensor ever exists."""
+    """loss = lse - target logit, from per-tile log-sum-exps: no [M, V] tensor ever exists."""
     import torch.nn.functional as F
     prog = compiled("samples/cross_entropy.epi")
     d = XENT_D

@@ -579,9 +579,9 @@ struct PeriodicRowBroadcast : Node {
   }
 };
 
-// epic_nodes::Sm90RowLsePartial<TileShape>: per row and column tile, the online log-sum-exp pair
-// (max, sum exp(x - max)) of the tile's valid columns, at ptr[2 * (n_tile * Mpad + m) + {0, 1}];
-// rows past M (and rows whose valid x are all -inf) get (-inf, 0). Computed as the node does, with its
+// epic_nodes::Sm90RowLsePartial<TileShape>: per row and column tile, the log-sum-exp of the tile's
+// valid columns, one float at ptr[n_tile * Mpad + m], computed online from (max, sum exp(x - max));
+// rows past M (and rows whose valid x are all -inf) get -inf. Computed as the node does, with its
 // own arithmetic (arith::lse_*): each of the 4 lanes that share a row (column pairs 2l, 2l + 1 of every
 // 8 columns) keeps a max and two sums (even, odd columns) per row, folding a fragment's elements of the
 // row in at once (new max, one rescale, the terms); at the tile's end the lanes merge by an XOR butterfly.
