@@ -77,6 +77,15 @@ def combine_rows(rows: int | None, in_flight: int | None = None):
         yield
 
 
+@contextlib.contextmanager
+def unfused_combines(on: bool = True):
+    """Grouped combine kernels generated inside merge each reduction in a loop of its own (combine.py's
+    FUSE_LOOPS off), as before one loop merged them all: the `unfused` candidate. off: unchanged."""
+    from epic.codegen import combine
+    with mock.patch.object(combine, "FUSE_LOOPS", not on):
+        yield
+
+
 def combine_rows_label(label: str) -> tuple[int, int | None] | None:
     """combine_rows's arguments for a `rowsR` or `rowsRxF` candidate label (rows1, rows4, rows8x16: 8
     rows per warp, 16 loads in flight per lane), else None."""

@@ -26,6 +26,8 @@ node change. Build its kernels with `bench/prebuild.py --nodes-from DIR`.
 merging R rows (columns) per warp from the first row on (bench.py's combine_rows; rows1: a warp per
 row), `rowsRxF` the same with F loads in flight per lane: the grouped form's rows per warp, loads in
 flight and threshold measured in one run. Build its kernels with `bench/prebuild.py --combine-rows 1,4,8,4x16`.
+`unfused` is the default configuration with each reduction of a grouped combine merged in a loop of its
+own (combine.py's FUSE_LOOPS off); build it with `bench/prebuild.py --unfused`.
 
 --repeat N makes each run N calls back to back (cuBLAS's too), as a model's consecutive layers would:
 a call's first gemm then follows the previous call's last kernel. `--work a+b` runs work a's program
@@ -59,7 +61,7 @@ from epic.runtime import fastcall  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import (ROOT, WORK, allow_tile_widths, combine_rows, combine_rows_label, graphed, nodes_from,  # noqa: E402
-                   parse_config)
+                   parse_config, unfused_combines)
 from profiling import l2_flush  # noqa: E402
 
 
@@ -83,7 +85,7 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False, repea
             if label == "tuned":      # what `epic tune` picks at this shape, timed beside the rest
                 config = tuned_config(base, path, inputs)
                 print(f"  {name} M={m} tuned: {config}", flush=True)
-            elif label == "nodes" or combine_rows_label(label):   # the default configuration, compiled anew
+            elif label in ("nodes", "unfused") or combine_rows_label(label):   # the default configuration, compiled anew
                 config = None         # from other node headers, or with its combines' rows per warp set
             elif label in SWITCHES or label in PATCHES:   # the default with a launch rule changed
                 prog = bound_with_rule(path, inputs, label)
@@ -91,9 +93,10 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False, repea
                 continue
             else:
                 config = {g: parse_config(label) for g in gemms} if label != "default" else None
-            other_nodes, rows = label == "nodes", combine_rows_label(label)
-            anew = config is not None or other_nodes or rows is not None
-            with nodes_from(NODES_FROM if other_nodes else None), combine_rows(*(rows or (None,))):   # the first call generates
+            other_nodes, rows, unfused = label == "nodes", combine_rows_label(label), label == "unfused"
+            anew = config is not None or other_nodes or rows is not None or unfused
+            with nodes_from(NODES_FROM if other_nodes else None), combine_rows(*(rows or (None,))), \
+                    unfused_combines(unfused):                      # the first call generates
                 prog = epic.compile(os.path.join(ROOT, path), config) if anew else base     # the kernels
                 got = outputs(prog(**inputs))
             if want is None:

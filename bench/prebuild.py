@@ -12,7 +12,8 @@ from epic.diagnostics import EpicError  # noqa: E402
 from epic.runtime import build, fastcall  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import DIMS, ROOT, WORK, allow_tile_widths, combine_rows, combine_rows_label, nodes_from, parse_config  # noqa: E402
+from bench import (DIMS, ROOT, WORK, allow_tile_widths, combine_rows, combine_rows_label, nodes_from,  # noqa: E402
+                   parse_config, unfused_combines)
 
 
 def main() -> int:
@@ -25,6 +26,8 @@ def main() -> int:
                     "node headers in this directory (bench/interleaved.py's --nodes-from)")
     ap.add_argument("--combine-rows", default="", help="also the default configurations with the grouped combine "
                     "kernels at these rows per warp from the first row on, RxF: and F loads in flight (bench/interleaved.py's rowsR, rowsRxF labels)")
+    ap.add_argument("--unfused", action="store_true", help="also the default configurations with a loop per "
+                    "reduction in the grouped combine kernels (bench/interleaved.py's unfused label)")
     args = ap.parse_args()
     if args.tile_widths:
         allow_tile_widths(args.tile_widths)
@@ -44,7 +47,8 @@ def main() -> int:
                 for _, u in emit.units(prog.program, configs):
                     units[(u.name, u.source)] = u
             variants = ([nodes_from(args.nodes_from)] if args.nodes_from else []) + \
-                [combine_rows(*combine_rows_label(f"rows{r}")) for r in filter(None, args.combine_rows.split(","))]
+                [combine_rows(*combine_rows_label(f"rows{r}")) for r in filter(None, args.combine_rows.split(","))] + \
+                ([unfused_combines()] if args.unfused else [])
             for variant in variants:
                 with variant:
                     for _, u in emit.units(prog.program, emit.kernel_configs(prog.program, m, None, DIMS[name](m))):

@@ -108,6 +108,12 @@ def test_combine_rows_sets_the_grouped_combines_rows_per_warp():
         deeper = sources()
     assert "constexpr int kInFlight = 16;" in deeper[combine] and "constexpr int kRowsPerWarp = 4;" in deeper[combine]
     assert sources() == mine                         # restored
+    # cross entropy's two reductions (log-sum-exp, label logit): one tile loop by default, two unfused
+    assert mine[combine].count("for (int t0 = tile_lane;") == 1
+    with bench.unfused_combines():
+        unfused = sources()
+    assert unfused[combine].count("for (int t0 = tile_lane;") == 2
+    assert {n: s for n, s in unfused.items() if n != combine} == {n: s for n, s in mine.items() if n != combine}
     with pytest.raises(SystemExit, match="must divide 32"):
         with bench.combine_rows(3):
             pass

@@ -77,6 +77,7 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
     if tiled and folded:
         raise ValueError("a row combine kernel that finishes tile stores does not fold")
     grouped = not folded and not tiled and k.axis in ("row", "col")
+    fused: list[tuple[int, str, str]] = []     # grouped: (i, load, step) of each reduction, merged in one loop
     for v in k.values:
         p = P.prim(v.op)
         if v in tiled:
@@ -104,25 +105,21 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
                 merge.append(f"  _Pragma(\"unroll\") for (int u = 0; u < FOLD_IN_FLIGHT; ++u) {{ const int t = t0 + u * {lanes}; x_[u] = t < {tiles} ? {load} : 0.0f; }}")
                 merge.append(f"  _Pragma(\"unroll\") for (int u = 0; u < FOLD_IN_FLIGHT; ++u) {{ if (t0 + u * {lanes} < {tiles}) {{ float x = x_[u]; {step} }} }}")
                 merge.append("}")
-            elif grouped:   # rows_per_warp rows per warp (chosen at launch): see the module's docstring
-                merge += ["if (live && rows_per_warp == 1) {",
-                          f"  for (int t = lane; t < {tiles}; t += 32) {{ float x = {load}; {step} }}",
-                          "} else if (live) {",
-                          f"  for (int t0 = tile_lane; t0 < {tiles}; t0 += tile_lanes * kInFlight) {{ float x_[kInFlight];",
-                          f"    _Pragma(\"unroll\") for (int u = 0; u < kInFlight; ++u) {{ const int t = t0 + u * tile_lanes; x_[u] = t < {tiles} ? {load} : 0.0f; }}",
-                          f"    _Pragma(\"unroll\") for (int u = 0; u < kInFlight; ++u) {{ if (t0 + u * tile_lanes < {tiles}) {{ float x = x_[u]; {step} }} }}",
-                          "  }",
-                          "}"]
+            elif grouped:   # one loop for all (below), after every reduction's pointer
+                fused.append((i, load, step))
             else:
                 merge.append(f"for (int t = lane; t < {tiles}; t += {lanes}) {{ float x = {load}; {step} }}")
-            if grouped:     # the lanes of one row (column): lane % rows_per_warp the same
-                merge.append(f"for (int o = 16; o >= rows_per_warp; o >>= 1) {{ {shuffle} {step} }}")
-            else:
-                merge.append(f"for (int o = {first}; o > 0; o >>= 1) {{ {shuffle} {step} }}")
+            # the lanes of one row (column): grouped, those with lane % rows_per_warp the same
+            butterfly = (f"for (int o = 16; o >= rows_per_warp; o >>= 1) {{ {shuffle} {step} }}" if grouped else
+                         f"for (int o = {first}; o > 0; o >>= 1) {{ {shuffle} {step} }}")
             result = r.cxx_finalize.format(a=acc)
             if r.by_width:
                 result = f"({result} / {scalar(str(v.attrs['width']), v.attrs['width'])})"
-            merge.append(f"float red_{i} = {result};")
+            finish = [butterfly, f"float red_{i} = {result};"]
+            if grouped:
+                fused[-1] += (finish,)
+            else:
+                merge += finish
             writer.bind(v, (f"red_{i}",))
         elif p.reads == "tensor":
             t = program.tensors[v.attrs["tensor"]]
@@ -148,6 +145,8 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
             writer.bind(v, (f"float({idx})",))
         else:
             writer.emit(v)
+    if fused:
+        merge += _fused_merge(fused, "tiles_n" if k.axis == "row" else "tiles_m")
     body.extend(writer.lines)
     stores: list[str] = []
     for s in k.stores:
@@ -167,6 +166,34 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
     writer.lines = []
     tile = _finish_tiles(program, k, tiled, writer, ptr, scalar)
     return CombineSpec(k.name, identifier(k.name), k.axis, pointers, scalars, merge, body, stores, tile)
+
+
+FUSE_LOOPS = True    # bench: the `unfused` candidate (a loop per reduction) sets it False
+
+
+def _fused_merge(reductions: list, tiles: str) -> list[str]:
+    """The grouped combine's merge loops, rows_per_warp rows (columns) per warp, chosen at launch (see
+    the module's docstring): one loop over the tiles merges every reduction of the kernel, so a lane
+    has kInFlight loads of each in flight at once (cross entropy: its log-sum-exp and its label logit),
+    then each reduction's butterfly and result. reductions: (i, load, step, [butterfly, result])."""
+    groups = [reductions] if FUSE_LOOPS else [[r] for r in reductions]
+    lines: list[str] = []
+    for group in groups:
+        lines += ["if (live && rows_per_warp == 1) {",
+                  f"  for (int t = lane; t < {tiles}; t += 32) {{ "
+                  + " ".join(f"{{ float x = {load}; {step} }}" for _, load, step, _ in group) + " }",
+                  "} else if (live) {",
+                  f"  for (int t0 = tile_lane; t0 < {tiles}; t0 += tile_lanes * kInFlight) {{ "
+                  + " ".join(f"float x{i}_[kInFlight];" for i, *_ in group),
+                  "    _Pragma(\"unroll\") for (int u = 0; u < kInFlight; ++u) { const int t = t0 + u * tile_lanes; "
+                  + " ".join(f"x{i}_[u] = t < {tiles} ? {load} : 0.0f;" for i, load, *_ in group) + " }",
+                  f"    _Pragma(\"unroll\") for (int u = 0; u < kInFlight; ++u) {{ if (t0 + u * tile_lanes < {tiles}) {{ "
+                  + " ".join(f"{{ float x = x{i}_[u]; {step} }}" for i, _, step, _ in group) + " } }",
+                  "  }",
+                  "}"]
+        for *_, finish in group:
+            lines += finish
+    return lines
 
 
 # what a finished tile store writes: element types with a plain CUDA conversion, and packed int4
