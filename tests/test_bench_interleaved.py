@@ -98,15 +98,15 @@ def test_combine_rows_sets_the_grouped_combines_rows_per_warp():
 
     mine = sources()
     combine = next(name for name in mine if "combine" in name)
-    assert "constexpr int kRowsPerWarp = 4;" in mine[combine] and "kGroupFrom = 0;" not in mine[combine]
+    assert "constexpr int kRowsPerWarp = 2;" in mine[combine] and "kGroupFrom = 0;" not in mine[combine]
     with bench.combine_rows(8):
         other = sources()
     assert "constexpr int kRowsPerWarp = 8;" in other[combine] and "constexpr int kGroupFrom = 0;" in other[combine]
     assert {n: s for n, s in other.items() if n != combine} == {n: s for n, s in mine.items() if n != combine}
-    assert "constexpr int kInFlight = 8;" in other[combine]
-    with bench.combine_rows(4, 16):
-        deeper = sources()
-    assert "constexpr int kInFlight = 16;" in deeper[combine] and "constexpr int kRowsPerWarp = 4;" in deeper[combine]
+    assert "constexpr int kInFlight = 16;" in other[combine]
+    with bench.combine_rows(4, 8):
+        shallower = sources()
+    assert "constexpr int kInFlight = 8;" in shallower[combine] and "constexpr int kRowsPerWarp = 4;" in shallower[combine]
     assert sources() == mine                         # restored
     # cross entropy's two reductions (log-sum-exp, label logit): one tile loop by default, two unfused
     assert mine[combine].count("for (int t0 = tile_lane;") == 1

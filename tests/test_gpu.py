@@ -142,7 +142,7 @@ def test_kernel_matches_reference(name, size):
 @pytest.mark.parametrize("size", MANY_ROWS_SIZES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_combine_kernels_over_many_rows_and_columns_match_reference(name, size):
-    """From 4096 rows (columns) on, a warp of a row (column) combine kernel merges 4 of them at once."""
+    """From 4096 rows (columns) on, a warp of a row (column) combine kernel merges 2 of them at once."""
     from epic.codegen.combine import lower_combine
     program = compiled(name).program
     if not any(lower_combine(program, k).grouped for k in program.kernels if k.kind == "combine"):

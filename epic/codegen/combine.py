@@ -11,16 +11,15 @@ results. ABI: epic_launch(ptrs, sizes=[M, N, tile M, tile N], scalars, stream, .
 Where there are many rows (kGroupFrom, a launch-time choice), a warp takes kRowsPerWarp consecutive
 rows instead (`grouped`; not for a combine that finishes tile stores, whose lanes then share a
 row's columns): lane l merges row l % R at tiles l / R, l / R + 32 / R, ..., kInFlight loads at
-once, and the butterfly runs over the lanes of a row. The partials are tile-major, so a warp's load
-then reads R neighbouring rows' 4-byte entries of 32 / R tiles, half a 32-byte sector each at R = 4,
-where a warp per row reads one entry of each of 32 tiles, an eighth of a sector each. Cross entropy at
-M = 8192 (668 tiles): the warp per row took 87 us on an H100 for the 66 MB of (max, sum-exp) pairs
-then (bench/results/2026-12-06-h100-xent-epilogue.log); on an H200 the grouped form over one-float
-partials took about half the time of the warp per row over pairs
-(2026-12-06-h200-combine-grouped-lse1.log). Only M = 8192 is measured. The grouped kernel runs a
-quarter as many warps, each lane merging 4 times as many tiles, so its time hardly shrinks with
-fewer rows while a warp per row's does (its loads waste sectors but fill the SMs): by those two times
-they cross near M = 4096, where kGroupFrom is.
+once for each of the kernel's reductions in one loop, and the butterfly runs over the lanes of a row.
+The partials are tile-major, so a warp's load then reads R neighbouring rows' 4-byte entries of
+32 / R tiles, where a warp per row reads one entry of each of 32 tiles, an eighth of a 32-byte sector
+each. Measured on cross entropy's combine (668 tiles a row) at M = 1024-8192 on an H100
+(bench/results/2026-12-06-h100-combine-rows-sweep.log): R = 2 with 16 loads of each reduction in
+flight was the fastest or level at every M (at 8192 about 50 us after its wait for the gemm, against
+65-75 us for R = 4 with 8 loads and 100 us for a warp per row); R = 8 (whole sectors, a quarter as
+many warps as R = 2) was the slowest everywhere: the kernel is short of loads in flight, not of sectors. Below 4096 rows grouping measured
+level with a warp per row, which kGroupFrom keeps there.
 """
 from __future__ import annotations
 
