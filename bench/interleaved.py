@@ -25,7 +25,8 @@ node change. Build its kernels with `bench/prebuild.py --nodes-from DIR`.
 `rowsR` (rows1, rows4, rows8, ...) is the default configuration with every grouped combine kernel
 merging R rows (columns) per warp from the first row on (bench.py's combine_rows; rows1: a warp per
 row), `rowsRxF` the same with F loads in flight per lane: the grouped form's rows per warp, loads in
-flight and threshold measured in one run. Build its kernels with `bench/prebuild.py --combine-rows 1,4,8,4x16`.
+flight and threshold measured in one run. Build its kernels with `bench/prebuild.py --combine-rows
+1,4,8,4x16`.
 `unfused` is the default configuration with each reduction of a grouped combine merged in a loop of its
 own (combine.py's FUSE_LOOPS off); build it with `bench/prebuild.py --unfused`.
 
@@ -85,8 +86,8 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False, repea
             if label == "tuned":      # what `epic tune` picks at this shape, timed beside the rest
                 config = tuned_config(base, path, inputs)
                 print(f"  {name} M={m} tuned: {config}", flush=True)
-            elif label in ("nodes", "unfused") or combine_rows_label(label):   # the default configuration, compiled anew
-                config = None         # from other node headers, or with its combines' rows per warp set
+            elif label in ("nodes", "unfused") or combine_rows_label(label):   # the default configuration,
+                config = None         # compiled anew from other node headers, or with its combines changed
             elif label in SWITCHES or label in PATCHES:   # the default with a launch rule changed
                 prog = bound_with_rule(path, inputs, label)
                 out.append((label, wrap(lambda p=prog: p(**inputs))))

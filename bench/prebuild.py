@@ -25,7 +25,8 @@ def main() -> int:
     ap.add_argument("--nodes-from", default=None, help="also the default configurations generated with the custom "
                     "node headers in this directory (bench/interleaved.py's --nodes-from)")
     ap.add_argument("--combine-rows", default="", help="also the default configurations with the grouped combine "
-                    "kernels at these rows per warp from the first row on, RxF: and F loads in flight (bench/interleaved.py's rowsR, rowsRxF labels)")
+                    "kernels at these rows per warp from the first row on, RxF: and F loads in flight per lane "
+                    "(bench/interleaved.py's rowsR, rowsRxF labels)")
     ap.add_argument("--unfused", action="store_true", help="also the default configurations with a loop per "
                     "reduction in the grouped combine kernels (bench/interleaved.py's unfused label)")
     args = ap.parse_args()

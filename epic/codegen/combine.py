@@ -18,8 +18,8 @@ each. Measured on cross entropy's combine (668 tiles a row) at M = 1024-8192 on 
 (bench/results/2026-12-06-h100-combine-rows-sweep.log): R = 2 with 16 loads of each reduction in
 flight was the fastest or level at every M (at 8192 about 50 us after its wait for the gemm, against
 65-75 us for R = 4 with 8 loads and 100 us for a warp per row); R = 8 (whole sectors, a quarter as
-many warps as R = 2) was the slowest everywhere: the kernel is short of loads in flight, not of sectors. Below 4096 rows grouping measured
-level with a warp per row, which kGroupFrom keeps there.
+many warps as R = 2) was the slowest everywhere: the kernel is short of loads in flight, not of
+sectors. Below 4096 rows grouping measured level with a warp per row, which kGroupFrom keeps there.
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
     if tiled and folded:
         raise ValueError("a row combine kernel that finishes tile stores does not fold")
     grouped = not folded and not tiled and k.axis in ("row", "col")
-    fused: list[tuple[int, str, str]] = []     # grouped: (i, load, step) of each reduction, merged in one loop
+    fused: list[tuple] = []     # grouped: (i, load, step, [butterfly, result]) of each reduction, one loop for all
     for v in k.values:
         p = P.prim(v.op)
         if v in tiled:
@@ -104,9 +104,7 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
                 merge.append(f"  _Pragma(\"unroll\") for (int u = 0; u < FOLD_IN_FLIGHT; ++u) {{ const int t = t0 + u * {lanes}; x_[u] = t < {tiles} ? {load} : 0.0f; }}")
                 merge.append(f"  _Pragma(\"unroll\") for (int u = 0; u < FOLD_IN_FLIGHT; ++u) {{ if (t0 + u * {lanes} < {tiles}) {{ float x = x_[u]; {step} }} }}")
                 merge.append("}")
-            elif grouped:   # one loop for all (below), after every reduction's pointer
-                fused.append((i, load, step))
-            else:
+            elif not grouped:   # grouped: one loop for all reductions (_fused_merge), after their pointers
                 merge.append(f"for (int t = lane; t < {tiles}; t += {lanes}) {{ float x = {load}; {step} }}")
             # the lanes of one row (column): grouped, those with lane % rows_per_warp the same
             butterfly = (f"for (int o = 16; o >= rows_per_warp; o >>= 1) {{ {shuffle} {step} }}" if grouped else
@@ -116,7 +114,7 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
                 result = f"({result} / {scalar(str(v.attrs['width']), v.attrs['width'])})"
             finish = [butterfly, f"float red_{i} = {result};"]
             if grouped:
-                fused[-1] += (finish,)
+                fused.append((i, load, step, finish))
             else:
                 merge += finish
             writer.bind(v, (f"red_{i}",))
