@@ -147,6 +147,13 @@ def split_k_config(program) -> dict:
     return {k.name: dict(SPLIT_K) for k in program.kernels if k.kind == "gemm"}
 
 
+def groups_rows(program) -> bool:
+    """Whether a combine kernel of the program merges rows (columns) in groups where there are many
+    (epic/codegen/combine.py): test_gpu.py's many-rows cases run only those."""
+    from epic.codegen.combine import lower_combine
+    return any(lower_combine(program, k).grouped for k in program.kernels if k.kind == "combine")
+
+
 def path(name: str) -> str:
     return str(ROOT / name)
 

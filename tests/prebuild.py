@@ -12,8 +12,9 @@ import epic
 from epic.codegen import emit
 from epic.runtime import build
 
-from .gpu_cases import (CLUSTER_1X2_CASE, LOAD_HINT_CASES, PROGRAMS, SERPENTINE_CASES, SIZES, SPLIT_CASES,
-                        cluster_1x2_config, fold_config, folds, gemm_options, own_size_cases, path, split_k_config)
+from .gpu_cases import (CLUSTER_1X2_CASE, LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS, SERPENTINE_CASES, SIZES,
+                        SPLIT_CASES, cluster_1x2_config, fold_config, folds, gemm_options, groups_rows, own_size_cases,
+                        path, split_k_config)
 
 # the benchmark's identity epilogue, at its square shape (bench/prebuild.py builds the rest)
 EXTRA = {"bench/programs/plain.epi": lambda m, n, k: dict(M=m, K=4096, N=4096)}
@@ -35,17 +36,14 @@ def in_shard(unit, shard: tuple[int, int]) -> bool:
     return int.from_bytes(digest[:8], "big") % n == k - 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.prebuild", description=__doc__.splitlines()[0])
-    ap.add_argument("programs", nargs="*", help="only these programs' kernels (paths as in tests/gpu_cases.py)")
-    ap.add_argument("--all", action="store_true", help="also the derived-backward and autograd tests' kernels")
-    ap.add_argument("--shard", type=_shard, default=(1, 1), metavar="K/N", help="build part K of N")
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    only, training = args.programs, args.all
+def all_units(only: list[str], training: bool) -> list:
+    """Every kernel unit the GPU tests run (only: these programs'; training: the derived-backward and
+    autograd tests' too), duplicates included."""
     units = []
     table = {**PROGRAMS, **EXTRA}
     # (program, sizes, variant); each case at its own sizes: the tile width depends on N
     cases = [(name, table[name](*size), None) for name in PROGRAMS for size in SIZES] + \
+        [(name, table[name](*size), "many_rows") for name in PROGRAMS for size in MANY_ROWS_SIZES] + \
         [(name, table[name](m, 0, 0), None) for name in EXTRA for m in ROWS] + \
         [(name, table[name](*size), "split") for name, size in SPLIT_CASES] + \
         [(CLUSTER_1X2_CASE[0], table[CLUSTER_1X2_CASE[0]](*CLUSTER_1X2_CASE[1]), "cluster")] + \
@@ -64,13 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         if name not in programs:
             programs[name] = epic.compile(path(name))
         prog = programs[name]
-        if variant == "fold" and not folds(prog.program):
+        if (variant == "fold" and not folds(prog.program)) or (variant == "many_rows" and not groups_rows(prog.program)):
             continue
         if isinstance(variant, tuple):
             overrides = gemm_options(prog.program, variant[1])
         else:
             overrides = ({"split": split_k_config, "fold": fold_config, "cluster": cluster_1x2_config}[variant](prog.program)
-                         if variant else None)
+                         if variant not in (None, "many_rows") else None)
         configs = emit.kernel_configs(prog.program, sizes["M"], overrides, sizes)
         units += [u for _, u in emit.units(prog.program, configs)]
     if not only or "bench/programs/plain.epi" in only:
@@ -81,6 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     if training:
         from . import test_gpu_autograd, test_gpu_grad, test_gpu_vendor_gemm
         units += test_gpu_grad.units() + test_gpu_autograd.units() + test_gpu_vendor_gemm.units()
+    return units
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.prebuild", description=__doc__.splitlines()[0])
+    ap.add_argument("programs", nargs="*", help="only these programs' kernels (paths as in tests/gpu_cases.py)")
+    ap.add_argument("--all", action="store_true", help="also the derived-backward and autograd tests' kernels")
+    ap.add_argument("--shard", type=_shard, default=(1, 1), metavar="K/N", help="build part K of N")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    units = all_units(args.programs, args.all)
     unique = {u.name + str(hash(u.source)): u for u in units if in_shard(u, args.shard)}
     from epic.runtime import fastcall
     fastcall.start(warn=False)          # the compiled call path's launcher, beside nvcc

@@ -28,7 +28,7 @@ from epic.diagnostics import EpicError
 from .gpu_cases import (CLUSTER_1X2_CASE, DEPENDENT_FIRST_CASES, DETERMINISM_CASES, HF_BLOCK_CASE, MEMCHECK_CASES,
                         LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS, QUANT_SIZES, SERPENTINE_CASES, SIZES, SPLIT_CASES,
                         TORCH_COMPILE_CASE, XENT_D, XENT_SIZES, cluster_1x2_config, fold_config, folds, gemm_options,
-                        make_inputs, path, split_k_config, to_device)
+                        groups_rows, make_inputs, path, split_k_config, to_device)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (see docs/GPU.md)")]
@@ -143,9 +143,7 @@ def test_kernel_matches_reference(name, size):
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_combine_kernels_over_many_rows_and_columns_match_reference(name, size):
     """From 4096 rows (columns) on, a warp of a row (column) combine kernel merges 2 of them at once."""
-    from epic.codegen.combine import lower_combine
-    program = compiled(name).program
-    if not any(lower_combine(program, k).grouped for k in program.kernels if k.kind == "combine"):
+    if not groups_rows(compiled(name).program):
         pytest.skip("no combine kernel that merges rows (columns) in groups")
     _check_against_reference(compiled(name), name, size)
 
