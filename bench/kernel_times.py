@@ -4,8 +4,10 @@
   python bench/kernel_times.py --work qk_norm,resid_norm --rows 64 --configs ping_64x64x64_c1x1 [--reps 50]
 
 Prints per candidate the median duration of each kernel of a call (in launch order), the median gap
-before it (from the previous kernel's end; negative: it started early, as a PDL dependent does), and
-the median span from the first kernel's start to the last one's end."""
+before it (from the previous kernel's end; negative: it started early, as a PDL dependent does), the
+median time it runs past the previous kernel's end ("after": what it adds to the call; for a PDL
+dependent its duration less the wait), and the median span from the first kernel's start to the last
+one's end."""
 from __future__ import annotations
 
 import argparse
@@ -40,7 +42,9 @@ def summary(calls):
     for i in range(n):
         dur = statistics.median(c[i][2] - c[i][1] for c in calls)
         gap = statistics.median(c[i][1] - c[i - 1][2] for c in calls) if i else 0.0
-        rows.append({"kernel": calls[0][i][0], "us": round(dur, 2), "gap_us": round(gap, 2)})
+        after = statistics.median(c[i][2] - max(c[i][1], c[i - 1][2]) for c in calls) if i else dur
+        rows.append({"kernel": calls[0][i][0], "us": round(dur, 2), "gap_us": round(gap, 2),
+                     "after_us": round(after, 2)})
     span = statistics.median(c[n - 1][2] - c[0][1] for c in calls)
     return rows, round(span, 2)
 
@@ -67,7 +71,8 @@ def main() -> int:
                     continue
                 print(f"{name} M={m} {label}: span {span} us", flush=True)
                 for r in rows:
-                    print(f"    {r['us']:8.2f} us  gap {r['gap_us']:6.2f}  {r['kernel']}", flush=True)
+                    print(f"    {r['us']:8.2f} us  gap {r['gap_us']:6.2f}  after {r['after_us']:8.2f}  {r['kernel']}",
+                          flush=True)
                 out.append({"work": name, "M": m, "label": label, "span_us": span, "kernels": rows})
     if args.out:
         with open(args.out, "w") as f:
