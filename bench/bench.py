@@ -86,6 +86,24 @@ def unfused_combines(on: bool = True):
         yield
 
 
+@contextlib.contextmanager
+def unpicked_combines(on: bool = True):
+    """Programs compiled inside merge a picked column's partials from every tile, as before the combine
+    read only the tile of the label (split_reductions.PICK off): the `unpicked` candidate."""
+    from epic.passes import split_reductions
+    with mock.patch.object(split_reductions, "PICK", not on):
+        yield
+
+
+# labels of the default configuration compiled anew with its combine kernels changed
+COMBINE_VARIANTS = {"unfused": unfused_combines, "unpicked": unpicked_combines}
+
+
+def combine_variant(label: str):
+    """The context of a COMBINE_VARIANTS label; any other label: unchanged."""
+    return COMBINE_VARIANTS[label]() if label in COMBINE_VARIANTS else contextlib.nullcontext()
+
+
 def combine_rows_label(label: str) -> tuple[int, int | None] | None:
     """combine_rows's arguments for a `rowsR` or `rowsRxF` candidate label (rows1, rows4, rows8x16: 8
     rows per warp, 16 loads in flight per lane), else None."""

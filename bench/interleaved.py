@@ -28,7 +28,8 @@ row), `rowsRxF` the same with F loads in flight per lane: the grouped form's row
 flight and threshold measured in one run. Build its kernels with `bench/prebuild.py --combine-rows
 1,4,8,4x16`.
 `unfused` is the default configuration with each reduction of a grouped combine merged in a loop of its
-own (combine.py's FUSE_LOOPS off); build it with `bench/prebuild.py --unfused`.
+own (combine.py's FUSE_LOOPS off); `unpicked`, with a picked label logit merged from every tile's partial
+(split_reductions.PICK off). Build them with `bench/prebuild.py --combine-variants unfused,unpicked`.
 
 --repeat N makes each run N calls back to back (cuBLAS's too), as a model's consecutive layers would:
 a call's first gemm then follows the previous call's last kernel. `--work a+b` runs work a's program
@@ -62,7 +63,7 @@ from epic.runtime import fastcall  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import (ROOT, WORK, allow_tile_widths, combine_rows, combine_rows_label, graphed, nodes_from,  # noqa: E402
-                   parse_config, unfused_combines)
+                   combine_variant, parse_config, COMBINE_VARIANTS)
 from profiling import l2_flush  # noqa: E402
 
 
@@ -86,7 +87,7 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False, repea
             if label == "tuned":      # what `epic tune` picks at this shape, timed beside the rest
                 config = tuned_config(base, path, inputs)
                 print(f"  {name} M={m} tuned: {config}", flush=True)
-            elif label in ("nodes", "unfused") or combine_rows_label(label):   # the default configuration,
+            elif label == "nodes" or label in COMBINE_VARIANTS or combine_rows_label(label):   # the default configuration,
                 config = None         # compiled anew from other node headers, or with its combines changed
             elif label in SWITCHES or label in PATCHES:   # the default with a launch rule changed
                 prog = bound_with_rule(path, inputs, label)
@@ -94,10 +95,10 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False, repea
                 continue
             else:
                 config = {g: parse_config(label) for g in gemms} if label != "default" else None
-            other_nodes, rows, unfused = label == "nodes", combine_rows_label(label), label == "unfused"
-            anew = config is not None or other_nodes or rows is not None or unfused
+            other_nodes, rows = label == "nodes", combine_rows_label(label)
+            anew = config is not None or other_nodes or rows is not None or label in COMBINE_VARIANTS
             with nodes_from(NODES_FROM if other_nodes else None), combine_rows(*(rows or (None,))), \
-                    unfused_combines(unfused):                      # the first call generates
+                    combine_variant(label):                         # the first call generates
                 prog = epic.compile(os.path.join(ROOT, path), config) if anew else base     # the kernels
                 got = outputs(prog(**inputs))
             if want is None:

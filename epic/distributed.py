@@ -68,6 +68,11 @@ def run_sharded(prog, *, group=None, column_inputs: tuple[str, ...] = (), **inpu
             buffers[b.name] = torch.cat(parts, dim=0)           # tiles of rank 0, then rank 1, ...
         else:
             buffers[b.name] = binding.allocate(b, bound.device, poison=False)
+    for launch, kernel in zip(full.launches, program.kernels):    # inputs a combine reads (the labels
+        if kernel.kind == "combine":                                # whose logits it picks): global ones
+            for name in launch.pointer_tensors:
+                if name and name not in buffers and isinstance(inputs.get(name), torch.Tensor):
+                    buffers[name] = inputs[name].contiguous()
     scalars = binding.scalar_values([t for t in prog.inputs if t.is_scalar], inputs)
     stream = torch.cuda.current_stream(bound.device).cuda_stream if bound.device.type == "cuda" else 0
     for launch, kernel in zip(full.launches, program.kernels):

@@ -110,6 +110,7 @@ class Interpreter:
         self.kernel = None
         self.seed: dict = {}
         self.m = self.n = 0
+        self.tile_n_of: dict[str, int] = {}      # a row partial buffer -> the width of its tiles
 
     def run(self, inputs: dict[str, torch.Tensor], override: dict[str, torch.Tensor] | None = None
             ) -> dict[str, torch.Tensor]:
@@ -241,6 +242,7 @@ class Interpreter:
         rows, width = x.shape
         tm, tn = self.tile()
         lanes, size = (x, tn) if axis == "row" else (x.t(), tm)   # reduce along the last dimension
+        self.tile_n_of[v.attrs["buffer"]] = tn
         count, length = lanes.shape
         tiles = -(-length // size)
         if tiles * size > length:
@@ -259,6 +261,12 @@ class Interpreter:
             return r.ref(self.store[v.attrs["buffer"]].reshape(1, -1), 1).reshape(())
         count = self.m if v.attrs["axis"] == "row" else int(self.n * v.attrs["of_width"])
         part = self.store[v.attrs["buffer"]][:, :count]
+        if "pick" in v.attrs:       # split-reductions' claim: only the tile of column L[m] holds a nonzero sum
+            label = self.store[v.attrs["pick"]].reshape(-1)[:count].to(torch.int64)
+            inside = (label >= 0) & (label < self.n)
+            tile = torch.where(inside, label // self.tile_n_of[v.attrs["buffer"]], 0)
+            picked = part[tile, torch.arange(count, device=part.device)]
+            return torch.where(inside, picked, torch.zeros_like(picked)).reshape(count, 1)
         out = r.ref_merge(part, 0)                   # [1, count]
         if r.by_width:
             out = out / float(sizes_mod.evaluate(v.attrs["width"], self.sizes))

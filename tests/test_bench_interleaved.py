@@ -108,12 +108,25 @@ def test_combine_rows_sets_the_grouped_combines_rows_per_warp():
         shallower = sources()
     assert "constexpr int kInFlight = 8;" in shallower[combine] and "constexpr int kRowsPerWarp = 4;" in shallower[combine]
     assert sources() == mine                         # restored
-    # cross entropy's two reductions (log-sum-exp, label logit): one tile loop by default, two unfused
-    assert mine[combine].count("for (int t0 = tile_lane;") == 1
-    with bench.unfused_combines():
-        unfused = sources()
-    assert unfused[combine].count("for (int t0 = tile_lane;") == 2
-    assert {n: s for n, s in unfused.items() if n != combine} == {n: s for n, s in mine.items() if n != combine}
+    # the row combine of every_primitive.epi merges 4 reductions: one tile loop by default, 4 unfused
+    every = epic.compile(str(ROOT / "tests" / "programs" / "every_primitive.epi")).program
+
+    def row_combine():
+        configs = emit.kernel_configs(every, 8192, None, None)
+        return next(u.source for _, u in emit.units(every, configs) if u.name.endswith("__row_combine"))
+    assert row_combine().count("for (int t0 = tile_lane;") == 1
+    with bench.combine_variant("unfused"):
+        assert row_combine().count("for (int t0 = tile_lane;") == 4
+    # cross entropy's label logit: read from the label's tile by default, merged from every tile unpicked
+    assert "/ P.tile_n *" in mine[combine] and mine[combine].count("for (int t0 = tile_lane;") == 1
+    with bench.combine_variant("unpicked"):
+        prog = epic.compile(str(ROOT / "samples" / "cross_entropy.epi"))
+        unpicked = sources()
+    assert "/ P.tile_n *" not in unpicked[combine] and unpicked[combine].count("for (int t0 = tile_lane;") == 1
+    assert unpicked[combine].count("part_") > mine[combine].count("part_")
+    with bench.combine_variant("unpicked"), bench.combine_variant("unfused"):
+        prog = epic.compile(str(ROOT / "samples" / "cross_entropy.epi"))
+        assert sources()[combine].count("for (int t0 = tile_lane;") == 2
     with pytest.raises(SystemExit, match="must divide 32"):
         with bench.combine_rows(3):
             pass

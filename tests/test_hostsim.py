@@ -190,3 +190,23 @@ def test_grouped_combines_at_other_rows_per_warp_match_reference_on_host(name, l
     assert combines and all(f"kRowsPerWarp = {rows};" in s and "kGroupFrom = 0;" in s for s in combines)
     assert all(f"kInFlight = {in_flight or 16};" in s for s in combines)
     harness.check(case, seed_of(name, "rows", rows, in_flight or 16))
+
+
+# cross entropy's label logit: the combine kernel reads only the partial of the tile that holds column
+# label[m] (split-reductions' pick; every other tile's is +0). Labels on both sides of tile edges, the
+# last column, and outside the columns (HF's ignore_index -100, past V, the i32 extremes), in the warp
+# per row (the default below 4096 rows) and with 2 rows per warp from the first row on.
+@pytest.mark.parametrize("rows", [None, 2])
+def test_picked_label_logit_matches_reference_for_labels_anywhere_on_host(rows):
+    hostsim.require_toolchain()
+    bench = bench_module("bench")
+    with bench.combine_rows(rows):
+        case = prepare("samples/cross_entropy.epi", "large_m", SHAPES[2])
+    assert any("/ P.tile_n *" in s for s in case.sources), "the combine does not pick the tile"
+    seed = seed_of("pick", rows)
+    with harness.one_torch_thread():
+        inputs = harness.make_inputs(case, seed)
+    v = case.sizes["V"]
+    special = [-100, -1, 0, 1, 63, 64, 127, 128, 191, 192, 255, 256, v - 1, v, v + 7, 2**31 - 1, -2**31]
+    inputs["label"][:len(special)] = torch.tensor(special, dtype=inputs["label"].dtype)
+    harness.check(case, seed, inputs)

@@ -4,6 +4,7 @@ every sample's rewritten plan with its source on the oracle."""
 import zlib
 
 import pytest
+import torch
 
 from epic import pipeline, reference
 from epic.ir import dump
@@ -111,6 +112,30 @@ def test_split_turns_reductions_into_partials_and_combine():
     assert {v.op for v in combine.values} <= {"combine", "sub"}
     lse_buffer = a.program.tensors["lm_head__lse_part0"]
     assert lse_buffer.role == "partial" and lse_buffer.tiles_axis == "n"
+
+
+PICK_HEAD = "gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  in label: i32[M]\n  in fl: f32[M]\n"
+
+
+@pytest.mark.parametrize("expr, picked", [
+    ("row_pick(acc, label)", "label"),
+    ("row_sum(select(label == col, acc * 2, 0))", "label"),        # either side of ==, any tile value
+    ("row_sum(select(col == label + 1, acc, 0))", None),           # a computed column: not an input
+    ("row_sum(select(col == label, acc, 1))", None),                # other tiles add 1 each
+    ("row_max(select(col == label, acc, 0))", None),                # only a sum adds the other tiles' zeros
+    ("row_sum(select(col == fl, acc, 0))", None),                   # a float vector: not a column index
+    ("row_sum(select(col != label, acc, 0))", None),
+])
+def test_split_picks_the_one_tile_of_a_row_sum_of_a_selected_column(expr, picked):
+    """A row sum of select(col == L, x, 0) for an integer input L is read from the tile of column L
+    (the combine kernel's pick); every other reduction merges every tile's partial."""
+    a = analyze(PICK_HEAD + f"  out s: f32[M] = {expr} + fl\n}}\n")
+    (combine,) = [v for k in a.program.kernels if k.kind == "combine" for v in k.values if v.op == "combine"]
+    assert combine.attrs.get("pick") == picked
+    sizes = dict(M=77, K=40, N=300)
+    inputs = reference.random_inputs(a.source_program, sizes, 5)
+    inputs["label"][:6] = torch.tensor([-100, -1, 0, 299, 300, 2**31 - 1], dtype=inputs["label"].dtype)
+    assert max(verify.equivalence(a, inputs, sizes).values()) <= 1e-12
 
 
 def test_column_reductions_get_their_own_combine():

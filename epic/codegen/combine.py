@@ -86,6 +86,8 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
             lanes = ptr("lanes", v.attrs["buffer"], dtypes.F32)
             merge += _merge_lanes(P.reduction(v.attrs["fn"]), i, lanes, scalar(str(v.attrs["width"]), v.attrs["width"]))
             writer.bind(v, (f"red_{i}",))
+        elif p.family is P.Family.COMBINE and "pick" in v.attrs and not folded:
+            writer.bind(v, (_pick(program, v, len(merge), merge, ptr, grouped),))
         elif p.family is P.Family.COMBINE:
             r = P.reduction(v.attrs["fn"])
             buf = ptr(f"{k.axis}_partial", v.attrs["buffer"], dtypes.F32)
@@ -163,6 +165,23 @@ def lower_combine(program: Program, k: CombineKernel, folded: bool = False) -> C
     writer.lines = []
     tile = _finish_tiles(program, k, tiled, writer, ptr, scalar)
     return CombineSpec(k.name, identifier(k.name), k.axis, pointers, scalars, merge, body, stores, tile)
+
+
+def _pick(program: Program, v, i: int, merge: list[str], ptr, grouped: bool) -> str:
+    """A row sum of select(col == L, x, 0) (split-reductions' `pick`): the one partial that can be
+    nonzero, that of the tile holding column L[m], read instead of merging every tile's (0 for L[m]
+    outside the columns, where no tile holds it). Every partial but that one is exactly +0, so the
+    sum over tiles is this value (for N <= 2^24, where the epilogue's float column index is exact).
+    Returns the C++ name of the result."""
+    buf = ptr("row_partial", v.attrs["buffer"], dtypes.F32)
+    t = program.tensors[v.attrs["pick"]]
+    read = f"(long long)static_cast<const {t.dtype.cuda}*>({ptr('col', t.name, t.dtype)})[m]"
+    read = f"live ? {read} : -1LL" if grouped else read             # a lane past M reads no label
+    merge += [f"const float* part_{i} = static_cast<const float*>({buf});",
+              f"const long long label_{i} = {read};",
+              f"const float red_{i} = label_{i} >= 0 && label_{i} < P.N ? "
+              f"part_{i}[label_{i} / P.tile_n * rows_padded + m] : 0.0f;"]
+    return f"red_{i}"
 
 
 FUSE_LOOPS = True    # bench: the `unfused` candidate (a loop per reduction) sets it False

@@ -518,9 +518,11 @@ _PRIMS = [
               doc="per-tile partials of a reduction (split-reductions)"),
     Primitive("combine", Family.COMBINE, 0, _combine_rule,
               attrs={"axis": _one_of("row", "col", "all"), "fn": _reduction_name, "buffer": _is(str), "width": _SIZE,
-                     "of_width": _WIDTH}, ref=lambda it, v, xs: it.combine(v), context=True,
-              reads="buffer", show=lambda a: f"{a['axis']} {a['fn']} <- {a['buffer']}",
-              doc="partials merged in tile order (a combine kernel)"),
+                     "of_width": _WIDTH, "pick?": _is(str)}, ref=lambda it, v, xs: it.combine(v), context=True,
+              reads="buffer", show=lambda a: f"{a['axis']} {a['fn']} <- {a['buffer']}"
+                                             + (f" (one tile: column {a['pick']})" if "pick" in a else ""),
+              doc="partials merged in tile order (a combine kernel); pick: a row sum of select(col == L, x, 0) "
+                  "for an integer input L, whose one nonzero partial is in the tile of column L"),
     # ---- idioms as internal ops (made by passes, never written): code generation matches the op
     Primitive("block_quant", Family.BLOCK, 2, _block_quant_rule, ref=_block_quant_ref,
               attrs={"block": _power_of_two, "floor": _NUMBER, "qmax": _NUMBER},

@@ -106,7 +106,9 @@ def _split(k, dep: dict, tensors: dict, unscalable: frozenset) -> list:
             partial = make("partial", (x,), attrs, like=r, name=r.name)
             partial_stores.append(Store(buf, partial, r.span))
             width = k.n * x.shape.width if axis == "row" else k.rows
-            mapped[r.id] = make("combine", (), dict(attrs, width=width, of_width=x.shape.width), like=r, name=r.name)
+            pick = _picked_column(r, tensors)
+            mapped[r.id] = make("combine", (), dict(attrs, width=width, of_width=x.shape.width,
+                                                    **({"pick": pick} if pick else {})), like=r, name=r.name)
         for s in stores:
             if id(s) in finished:
                 partial_stores += _read_back(k, s, dep, tensors, mapped)
@@ -131,6 +133,31 @@ def _split(k, dep: dict, tensors: dict, unscalable: frozenset) -> list:
     stores = local_stores + partial_stores
     gemm = k.with_values(topo_order([s.value for s in stores]), stores)
     return [gemm] + [c for c in combines if c.stores]
+
+
+PICK = True     # bench: the `unpicked` candidate (every tile's partial merged) sets it False
+
+
+def _picked_column(r: Value, tensors: dict) -> str | None:
+    """The input L of a row sum of select(col == L, x, 0) (cross entropy's row_pick) where L is an
+    integer column vector the program reads: every tile's partial of row m is exactly 0 but that of
+    the tile holding column L[m] (none for L[m] outside the columns), so the combine kernel reads that
+    one partial instead of merging all (codegen/combine.py). None for any other reduction."""
+    x = r.args[0]
+    if not PICK or r.attrs["fn"] != "sum" or r.attrs["axis"] != "row" or x.shape.width != 1 or x.op != "select":
+        return None
+    cond, _, other = x.args
+    if cond.op != "eq" or not P.is_literal(other) or other.attrs["value"] != 0:
+        return None
+    labels = [a for a in cond.args if a.op != "col_index"]
+    if len(labels) != 1 or len(cond.args) != 2 or not P.is_load(labels[0]):
+        return None
+    (label,) = labels
+    t = tensors.get(label.attrs["tensor"])
+    if t is None or t.role != "input" or "period" in label.attrs or label.kind is not Kind.COL or \
+            not label.dtype.is_int or label.dtype.cuda is None:
+        return None
+    return t.name
 
 
 def _read_back(k, s: Store, dep: dict, tensors: dict, mapped: dict) -> list[Store]:

@@ -49,13 +49,28 @@ class Row:
         return sum(b for *_, b in self.writes)
 
 
+def picked(kernel) -> set[str]:
+    """Partial buffers a combine kernel with a launch of its own reads one entry per row of (the tile
+    of a picked column, split-reductions' pick), not whole (folded into its gemm, it merges them all)."""
+    values = [v for v in kernel.values if P.family(v.op) is P.Family.COMBINE]
+    return {v.attrs["buffer"] for v in values if "pick" in v.attrs} - \
+        {v.attrs["buffer"] for v in values if "pick" not in v.attrs}
+
+
 def fused_rows(plan: Plan) -> list[Row]:
     rows = []
+    folded = folds(plan.program, plan.configs)
     for step in plan.steps:
+        k = step.kernel
+        one_per_row = picked(k) if k.kind == "combine" and k.name not in folded else set()
+
         def entry(name):
             b = plan.buffers[name]
-            return (name, f"{b.torch_dtype}[{', '.join(map(str, b.shape))}]", b.nbytes)
-        rows.append(Row(step.kernel.name, step.kernel.kind, [entry(n) for n in step.reads],
+            shape = f"{b.torch_dtype}[{', '.join(map(str, b.shape))}]"
+            if name in one_per_row:       # [tiles, M padded]: one entry of each row
+                return (name, shape + " (one entry per row)", b.shape[-1] * b.nbytes // max(1, _count(b.shape)))
+            return (name, shape, b.nbytes)
+        rows.append(Row(k.name, k.kind, [entry(n) for n in step.reads],
                         [entry(n) for n in step.writes]))
     return rows
 

@@ -118,6 +118,7 @@ def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict
         reads = [k.a, k.b] if k.kind == "gemm" else []
         reads += [v.attrs[P.prim(v.op).reads] for v in k.values      # runtime scalars are passed by value
                   if P.prim(v.op).reads and program.tensors[v.attrs[P.prim(v.op).reads]].role != "scalar"]
+        reads += [v.attrs["pick"] for v in k.values if "pick" in v.attrs]   # the labels a combine picks by
         reads = list(dict.fromkeys(reads))
         writes = [s.tensor for s in k.stores]
         for r in reads:
