@@ -175,9 +175,9 @@ def test_a_callers_value_for_a_defaulted_scalar_reaches_the_kernels():
 
 # bench.py's combine_rows(R), behind bench/interleaved.py's rowsR candidates: every grouped combine
 # merges R rows (columns) per warp from the first one on (R = 1: a warp per row). Timing them on a GPU
-# is only worth it if each computes the same statistics: ragged rows and columns, R = 2 and 8 beside
-# the default R = 2 with 16 loads in flight per lane (the cases above), the warp per row, and 8 loads in
-# flight (rows4x8).
+# is only worth it if each computes the same statistics: ragged rows and columns, R = 4 and 8 beside
+# the default R = 2 with 16 loads in flight per lane (the cases above), the warp per row, and R = 4 with
+# 8 loads in flight (rows4x8, the form before).
 @pytest.mark.parametrize("label", ["rows1", "rows4", "rows8", "rows4x8"])
 @pytest.mark.parametrize("name", ["tests/programs/col_stats.epi", "samples/cross_entropy.epi"])
 def test_grouped_combines_at_other_rows_per_warp_match_reference_on_host(name, label):
