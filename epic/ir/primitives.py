@@ -610,6 +610,14 @@ def is_load(v) -> bool:
     return PRIMITIVES[v.op].reads == "tensor"
 
 
+def selected_column(v):
+    """(L, x) for v = select(col == L, x, 0) (either side of ==: the body of row_pick), else None."""
+    if v.op != "select" or v.args[0].op != "eq" or not is_literal(v.args[2]) or v.args[2].attrs["value"] != 0:
+        return None
+    others = [a for a in v.args[0].args if a.op != "col_index"]
+    return (others[0], v.args[1]) if len(others) == 1 else None
+
+
 def is_literal(v) -> bool:
     """A literal number (a `const` value): its value is v.attrs["value"]."""
     return v.op == "const"

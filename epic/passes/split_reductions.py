@@ -144,15 +144,12 @@ def _picked_column(r: Value, tensors: dict) -> str | None:
     the tile holding column L[m] (none for L[m] outside the columns), so the combine kernel reads that
     one partial instead of merging all (codegen/combine.py). None for any other reduction."""
     x = r.args[0]
-    if not PICK or r.attrs["fn"] != "sum" or r.attrs["axis"] != "row" or x.shape.width != 1 or x.op != "select":
+    selected = P.selected_column(x)
+    if not PICK or r.attrs["fn"] != "sum" or r.attrs["axis"] != "row" or x.shape.width != 1 or selected is None:
         return None
-    cond, _, other = x.args
-    if cond.op != "eq" or not P.is_literal(other) or other.attrs["value"] != 0:
+    label = selected[0]
+    if not P.is_load(label):
         return None
-    labels = [a for a in cond.args if a.op != "col_index"]
-    if len(labels) != 1 or len(cond.args) != 2 or not P.is_load(labels[0]):
-        return None
-    (label,) = labels
     t = tensors.get(label.attrs["tensor"])
     if t is None or t.role != "input" or "period" in label.attrs or label.kind is not Kind.COL or \
             not label.dtype.is_int or label.dtype.cuda is None:
