@@ -44,6 +44,20 @@ def test_prenorm_fused_ledger_by_hand():
     assert rows["down"].write_bytes == M * D * BF
 
 
+@pytest.mark.parametrize("combine", ["kernel", "fold"])
+def test_cross_entropy_combine_reads_one_label_logit_per_row_by_hand(combine):
+    """The row combine reads every tile's log-sum-exp but, of the label logit's partials, only the
+    entry of the label's tile per row, and the labels (split-reductions' pick); folded into its gemm it
+    merges every tile's."""
+    a = pipeline.analyze(str(ROOT / "samples" / "cross_entropy.epi"))
+    sizes = dict(M=M, D=D, V=128256)
+    plan = planner.make_plan(a.program, sizes, {"lm_head": {"combine": combine}} if combine == "fold" else None)
+    tiles = -(-sizes["V"] // plan.configs["lm_head"].tile_n)
+    row = {r.kernel: r for r in ledger.fused_rows(plan)}["lm_head__row_combine"]
+    picked = M * F32 if combine == "kernel" else tiles * M * F32
+    assert row.read_bytes == tiles * M * F32 + picked + M * 4      # lse partials, label logits, i32 labels
+
+
 def test_prenorm_unfused_ledger_by_hand():
     a, plan = prenorm_plan()
     rows = ledger.unfused_rows(a.source_program, plan.sizes)

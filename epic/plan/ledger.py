@@ -52,9 +52,7 @@ class Row:
 def picked(kernel) -> set[str]:
     """Partial buffers a combine kernel with a launch of its own reads one entry per row of (the tile
     of a picked column, split-reductions' pick), not whole (folded into its gemm, it merges them all)."""
-    values = [v for v in kernel.values if P.family(v.op) is P.Family.COMBINE]
-    return {v.attrs["buffer"] for v in values if "pick" in v.attrs} - \
-        {v.attrs["buffer"] for v in values if "pick" not in v.attrs}
+    return {v.attrs["buffer"] for v in kernel.values if "pick" in v.attrs}
 
 
 def fused_rows(plan: Plan) -> list[Row]:
