@@ -8,7 +8,9 @@ stays the measure of speed; this says why two kernels differ.
                             [--nodes-from DIR] [--seconds 3] [--out sustained.json]
 
 Candidates per workload: the bare cuBLAS GEMM, epic's default, epic with each --configs entry, and
-with --nodes-from epic's default generated with those node headers (bench.py's nodes_from).
+with --nodes-from epic's default generated with those node headers (bench.py's nodes_from). With
+--peer-script ../shared/anchors/peer_interleaved.py, also that script's QuACK candidates (QuACK
+installed as its header says), so that epic's and QuACK's epilogues are compared in cycles per call.
 Kernels come from the cache (build them first with bench/prebuild.py).
 """
 from __future__ import annotations
@@ -77,6 +79,35 @@ def sustained(fn, seconds: float) -> tuple[float, float, float, int]:
             return t0, t1, (t1 - t0) * 1e3 / calls, calls
 
 
+def peer_candidates(script: str):
+    """(name, inputs, graphed) -> [(label, fn)]: QuACK's candidates as the peer script builds them."""
+    import importlib.util
+    import types
+    spec = importlib.util.spec_from_file_location("peer_interleaved", script)
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    from quack.epilogue.library import lse_target_epi
+    from quack.epilogue.rotary import make_interleaved_inv_freq, rope_posfreq_epi
+    from quack.gemm_interface import gemm, gemm_act, gemm_norm_act, gemm_rms
+    from quack.linear_cross_entropy import chunked_linear_cross_entropy
+    q = types.SimpleNamespace(gemm=gemm, gemm_act=gemm_act, gemm_rms=gemm_rms, gemm_norm_act=gemm_norm_act,
+                              chunked_linear_cross_entropy=chunked_linear_cross_entropy,
+                              lse_target_epi=lse_target_epi, rope_posfreq_epi=rope_posfreq_epi,
+                              make_interleaved_inv_freq=make_interleaved_inv_freq)
+
+    def candidates(name, inputs, graphed):
+        out = []
+        for label, fn, _ in peer.quack_candidates(q, name, inputs, graphed, []):
+            fn()                                    # QuACK's JIT, outside the timing
+            try:
+                out.append((label, graphed(fn)))
+            except Exception:  # noqa: BLE001  (a peer that cannot be captured is timed as calls)
+                torch.cuda.synchronize()
+                out.append((label + "(call)", fn))
+        return out
+    return candidates
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", default="plain_ffn,bias_gelu")
@@ -85,8 +116,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--nodes-from", default=None, help="also epic generated with the custom node headers in this "
                     "directory (bench.py's nodes_from), labelled epic-nodes")
+    ap.add_argument("--peer-script", default=None, help="also QuACK's candidates from this peer script "
+                    "(../shared/anchors/peer_interleaved.py)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "sustained.json"))
     args = ap.parse_args()
+    peers = peer_candidates(args.peer_script) if args.peer_script else None
     print(torch.cuda.get_device_name(), time.strftime("%Y-%m-%d"), flush=True)
     sampler = Sampler()
     time.sleep(0.5)
@@ -104,6 +138,8 @@ def main() -> int:
         for c in filter(None, args.configs.split(",")):
             pc = epic.compile(os.path.join(ROOT, path), {g: parse_config(c) for g in gemms})
             cands.append((f"epic-{c}", graphed(lambda pc=pc: pc(**inputs))))
+        if peers:
+            cands += peers(name, inputs, graphed)
         for label, fn in cands:
             t0, t1, ms, calls = sustained(fn, args.seconds)
             mhz, watts, n = sampler.between(t0, t1)
