@@ -2,10 +2,12 @@
 power draw: time per call, mean clock, mean power and cycles per call (time x clock). Separates an
 epilogue that costs cycles from one that only costs power (a GEMM at these sizes runs at its power
 limit, so the clock follows the work the SMs do). The interleaved harness (bench/interleaved.py)
-stays the measure of speed; this says why two kernels differ.
+alternates candidates call by call, which shares the power budget out between them; this measures
+each under its own sustained load, where an epilogue's power shows (docs/PERFORMANCE.md, "Sustained
+load").
 
   python bench/sustained.py --work plain_ffn,bias_gelu --rows 8192 [--configs pp_128x192x64_c2x1_s4]
-                            [--nodes-from DIR] [--seconds 3] [--out sustained.json]
+                            [--nodes-from DIR] [--peer-script PATH] [--seconds 3] [--out sustained.json]
 
 Candidates per workload: the bare cuBLAS GEMM, epic's default, epic with each --configs entry, and
 with --nodes-from epic's default generated with those node headers (bench.py's nodes_from). With
