@@ -3,10 +3,16 @@
 (programs as tests/gpu_cases.py names them: only theirs; --all: the derived-backward and autograd
 tests' kernels too, in the same parallel batch, so no core idles between three batches' tails; --shard:
 the K-th of N fixed parts of the kernels, so a CPU machine can build some while the device builds the
-rest). The device run then carries .epic-cache and builds nothing (docs/GPU.md)."""
+rest; --pack FILE: also write those kernels' cache entries to FILE, an xz tar named relative to the
+cache folder, to carry to the other machine and unpack into its cache with `tar xJf FILE -C DIR`).
+The device run then carries .epic-cache and builds nothing (docs/GPU.md)."""
 import argparse
 import hashlib
+import shutil
+import subprocess
 import sys
+import tarfile
+from pathlib import Path
 
 import epic
 from epic.codegen import emit
@@ -82,19 +88,50 @@ def all_units(only: list[str], training: bool) -> list:
     return units
 
 
+def pack(libraries: list[Path], cache: Path, out: Path) -> int:
+    """Writes the cache entries (folders) holding these libraries to `out`, an xz tar whose names are
+    relative to `cache`; returns how many entries. Uses tar and xz on all cores where they are there
+    (a few seconds on the device's 16), else Python's tarfile."""
+    outside = [str(p) for p in libraries if not Path(p).parent.is_relative_to(cache)]
+    if outside:
+        raise SystemExit(f"--pack: not in the cache folder {cache} (a bundle?): {outside[0]}")
+    entries = sorted({str(Path(p).parent.relative_to(cache)) for p in libraries})
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    if shutil.which("tar") and shutil.which("xz"):
+        with open(out, "wb") as f:
+            tar = subprocess.Popen(["tar", "cf", "-", "-C", str(cache), "--", *entries], stdout=subprocess.PIPE)
+            xz = subprocess.run(["xz", "-T0", "-6"], stdin=tar.stdout, stdout=f, check=False)
+            tar.stdout.close()
+            if tar.wait() != 0 or xz.returncode != 0:
+                raise SystemExit(f"--pack: tar or xz failed writing {out}")
+    else:
+        with tarfile.open(out, "w:xz") as t:
+            for e in entries:
+                t.add(cache / e, arcname=e)
+    return len(entries)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.prebuild", description=__doc__.splitlines()[0])
     ap.add_argument("programs", nargs="*", help="only these programs' kernels (paths as in tests/gpu_cases.py)")
     ap.add_argument("--all", action="store_true", help="also the derived-backward and autograd tests' kernels")
     ap.add_argument("--shard", type=_shard, default=(1, 1), metavar="K/N", help="build part K of N")
+    ap.add_argument("--pack", type=Path, metavar="FILE", help="also write these kernels' cache entries (and the "
+                    "compiled launcher's) to FILE, an xz tar relative to the cache folder")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     units = all_units(args.programs, args.all)
     unique = {u.name + str(hash(u.source)): u for u in units if in_shard(u, args.shard)}
     from epic.runtime import fastcall
     fastcall.start(warn=False)          # the compiled call path's launcher, beside nvcc
-    for p in build.build_all(list(unique.values())):
+    libraries = build.build_all(list(unique.values()))
+    for p in libraries:
         print(p)
-    print(fastcall.library() or f"no compiled call path: {fastcall.why_not()}")
+    launcher = fastcall.library()
+    print(launcher or f"no compiled call path: {fastcall.why_not()}")
+    if args.pack:
+        from epic.runtime import cache
+        n = pack(libraries + ([launcher] if launcher else []), cache.cache_dir(), args.pack)
+        print(f"packed {n} cache entries into {args.pack}")
     return 0
 
 
