@@ -10,6 +10,7 @@ import numbers
 from fractions import Fraction
 
 from .diagnostics import Diagnostic, EpicError, error
+from .ir import primitives as P
 from .ir.core import Program, Tensor
 from .shapes import Dim
 
@@ -44,17 +45,25 @@ def check_complete(program: Program, sizes: dict[str, int], others_too: bool = F
 # bits (256-thread blocks: 2^32 / 32 warps).
 GEMM_MAX = 2**31 - 1
 COMBINE_MAX = 2**27
+# A gemm epilogue's row or column index (`row`, `col`: row_pick's select(col == label, ...)) is a
+# float (epic_nodes/coordinate.hpp), exact up to 2^24: past it two columns would compare equal.
+INDEX_MAX = 2**24
 
 
 def check_indexable(program: Program, sizes: dict[str, int]) -> None:
     """E607 for sizes a kernel of the program cannot index, before anything is planned or launched."""
     for k in program.kernels:
         if k.kind == "gemm":
-            dims, limit, why = (("M", k.rows), ("N", k.n), ("K", k.k)), GEMM_MAX, "indexes M, N and K as 32-bit ints"
+            why = "indexes M, N and K as 32-bit ints"
+            limits = [("M", k.rows, GEMM_MAX, why), ("N", k.n, GEMM_MAX, why), ("K", k.k, GEMM_MAX, why)]
+            axes = {P.coordinate_axis(v) for v in k.values}
+            limits += [(what, dim, INDEX_MAX, f"computes each element's {name} index as a float, exact that far")
+                       for what, dim, axis, name in (("M", k.rows, "row", "row"), ("N", k.n, "col", "column"))
+                       if axis in axes]
         else:
-            dims = (("rows", k.rows),) if k.axis == "row" else (("columns", k.n),)
-            limit, why = COMBINE_MAX, f"runs one warp per {dims[0][0][:-1]} with a 32-bit thread index"
-        for what, dim in dims:
+            what, dim = ("rows", k.rows) if k.axis == "row" else ("columns", k.n)
+            limits = [(what, dim, COMBINE_MAX, f"runs one warp per {what[:-1]} with a 32-bit thread index")]
+        for what, dim, limit, why in limits:
             n = evaluate(dim, sizes)
             if n > limit:
                 label = what if str(dim) == what else f"{what} ({dim})"

@@ -177,3 +177,20 @@ def test_a_labels_vector_of_the_wrong_kind_is_refused_where_it_is_passed():
     d = info.value.diagnostics[0]
     assert d.code == "E206" and (d.span.line, d.span.column) == (line, column)
     assert "must be a column vector" in d.message and "label: col" in str(info.value)
+
+
+def test_a_gemm_that_uses_the_column_index_refuses_columns_past_float_exactness():
+    """The epilogue's row / column index is a float (epic_nodes/coordinate.hpp), exact up to 2^24: past
+    it, row_pick's col == label would match two columns. Only programs that use the index are bound."""
+    pick = analyze(GEMM + "  in label: i32[M]\n  out y: f32[M] = row_pick(acc, label)\n}\n").program
+    rows = analyze(GEMM + "  out y: f32 = acc * row\n}\n").program
+    plain = analyze(GEMM + "  out y: bf16 = acc\n}\n").program
+    limit = sizes_mod.INDEX_MAX
+    sizes_mod.check_indexable(pick, {"M": 8, "K": 64, "N": limit})
+    with pytest.raises(EpicError) as info:
+        sizes_mod.check_indexable(pick, {"M": 8, "K": 64, "N": limit + 1})
+    assert info.value.codes == ["E607"] and "column index as a float" in str(info.value)
+    sizes_mod.check_indexable(pick, {"M": limit + 1, "K": 64, "N": 64})       # no row index: M is free
+    with pytest.raises(EpicError, match="row index as a float"):
+        sizes_mod.check_indexable(rows, {"M": limit + 1, "K": 64, "N": 64})
+    sizes_mod.check_indexable(plain, {"M": limit + 1, "K": 64, "N": limit + 1})

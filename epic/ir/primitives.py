@@ -388,9 +388,13 @@ _PRIMS = [
     Primitive("dim", Family.SOURCE, 0, _fixed(I32, SCALAR), attrs={"dim": _is(Dim)}, ref=lambda it, v, xs: it.dim_value(v.attrs["dim"]),
               context=True, show=lambda a: str(a["dim"]), doc="a dimension's size (D, 2*F) used as a value"),
     Primitive("row_index", Family.SOURCE, 0, _fixed(I32, COL), ref=lambda it, v, xs: it.coordinate("row"),
-              context=True, keyword="row", cost=0, doc="the row index of each element (a column vector)"),
+              context=True, keyword="row", cost=0,
+              doc="the row index of each element (a column vector); a float in the epilogue, so M is at most 2^24 "
+                  "(else E607)"),
     Primitive("col_index", Family.SOURCE, 0, _fixed(I32, Shape(Kind.ROW)), ref=lambda it, v, xs: it.coordinate("col"),
-              context=True, keyword="col", cost=0, doc="the column index of each element (a row vector)"),
+              context=True, keyword="col", cost=0,
+              doc="the column index of each element (a row vector); a float in the epilogue, so N is at most 2^24 "
+                  "(else E607)"),
 
     # ---- element-wise: unary
     _elementwise("neg", 1, lambda xs, a: -xs[0], "(-{0})", operator="-x", algebra="negation", int_results=True,
@@ -616,6 +620,12 @@ def selected_column(v):
         return None
     others = [a for a in v.args[0].args if a.op != "col_index"]
     return (others[0], v.args[1]) if len(others) == 1 else None
+
+
+def coordinate_axis(v) -> str | None:
+    """"row" or "col" for a row or column index value (the epilogue computes it as a float), else None."""
+    k = PRIMITIVES[v.op].keyword
+    return k if k in ("row", "col") else None
 
 
 def is_literal(v) -> bool:

@@ -66,7 +66,7 @@ def fused_rows(plan: Plan) -> list[Row]:
             b = plan.buffers[name]
             shape = f"{b.torch_dtype}[{', '.join(map(str, b.shape))}]"
             if name in one_per_row:       # [tiles, M padded]: one entry of each row
-                return (name, shape + " (one entry per row)", b.shape[-1] * b.nbytes // max(1, _count(b.shape)))
+                return (name, shape + " (one entry per row)", b.nbytes // max(1, b.shape[0]))
             return (name, shape, b.nbytes)
         rows.append(Row(k.name, k.kind, [entry(n) for n in step.reads],
                         [entry(n) for n in step.writes]))
