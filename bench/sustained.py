@@ -7,10 +7,13 @@ each under its own sustained load, where an epilogue's power shows (docs/PERFORM
 load").
 
   python bench/sustained.py --work plain_ffn,bias_gelu --rows 8192 [--configs pp_128x192x64_c2x1_s4]
-                            [--nodes-from DIR] [--peer-script PATH] [--seconds 3] [--out sustained.json]
+                            [--nodes-from DIR] [--variants summed] [--peer-script PATH] [--seconds 3]
+                            [--out sustained.json]
 
 Candidates per workload: the bare cuBLAS GEMM, epic's default, epic with each --configs entry, and
-with --nodes-from epic's default generated with those node headers (bench.py's nodes_from). With
+with --nodes-from epic's default generated with those node headers (bench.py's nodes_from), with
+--variants epic's default compiled with those variants (bench.py's COMBINE_VARIANTS: unfused,
+unpicked, summed; labelled epic-VARIANT). With
 --peer-script ../shared/anchors/peer_interleaved.py, also that script's QuACK candidates (QuACK
 installed as its header says), so that epic's and QuACK's epilogues are compared in cycles per call.
 Kernels come from the cache (build them first with bench/prebuild.py).
@@ -32,7 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import epic  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import ROOT, WORK, graphed, nodes_from, parse_config  # noqa: E402
+from bench import COMBINE_VARIANTS, ROOT, WORK, combine_variant, graphed, nodes_from, parse_config  # noqa: E402
 
 
 class Sampler:
@@ -118,10 +121,15 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--nodes-from", default=None, help="also epic generated with the custom node headers in this "
                     "directory (bench.py's nodes_from), labelled epic-nodes")
+    ap.add_argument("--variants", default="", help="also epic's default with these variants (bench.py's "
+                    f"COMBINE_VARIANTS: {', '.join(COMBINE_VARIANTS)}), labelled epic-VARIANT")
     ap.add_argument("--peer-script", default=None, help="also QuACK's candidates from this peer script "
                     "(../shared/anchors/peer_interleaved.py)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "sustained.json"))
     args = ap.parse_args()
+    unknown = set(filter(None, args.variants.split(","))) - set(COMBINE_VARIANTS)
+    if unknown:
+        ap.error(f"--variants: unknown {', '.join(sorted(unknown))} (known: {', '.join(COMBINE_VARIANTS)})")
     peers = peer_candidates(args.peer_script) if args.peer_script else None
     print(torch.cuda.get_device_name(), time.strftime("%Y-%m-%d"), flush=True)
     sampler = Sampler()
@@ -137,6 +145,10 @@ def main() -> int:
             with nodes_from(args.nodes_from):
                 pn = epic.compile(os.path.join(ROOT, path))
                 cands.append(("epic-nodes", graphed(lambda pn=pn: pn(**inputs))))   # generated here
+        for v in filter(None, args.variants.split(",")):
+            with combine_variant(v):         # compiled and generated inside: a variant may change a pass
+                pv = epic.compile(os.path.join(ROOT, path))
+                cands.append((f"epic-{v}", graphed(lambda pv=pv: pv(**inputs))))
         for c in filter(None, args.configs.split(",")):
             pc = epic.compile(os.path.join(ROOT, path), {g: parse_config(c) for g in gemms})
             cands.append((f"epic-{c}", graphed(lambda pc=pc: pc(**inputs))))
