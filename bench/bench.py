@@ -95,18 +95,8 @@ def unpicked_combines(on: bool = True):
         yield
 
 
-@contextlib.contextmanager
-def summed_picks(on: bool = True):
-    """Programs compiled inside have their gemm sum select(col == label, x, 0) over every element with the
-    stock row reduction (plan/epilogue.py's PICK_NODE off), as before the pick node wrote x at the
-    label's column alone: the `summed` candidate."""
-    from epic.plan import epilogue
-    with mock.patch.object(epilogue, "PICK_NODE", not on):
-        yield
-
-
-# labels of the default configuration compiled anew with its combine kernels (or the gemm's label pick) changed
-COMBINE_VARIANTS = {"unfused": unfused_combines, "unpicked": unpicked_combines, "summed": summed_picks}
+# labels of the default configuration compiled anew with its combine kernels changed
+COMBINE_VARIANTS = {"unfused": unfused_combines, "unpicked": unpicked_combines}
 
 
 def combine_variant(label: str):

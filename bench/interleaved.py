@@ -29,9 +29,7 @@ flight and threshold measured in one run. Build its kernels with `bench/prebuild
 1,4,8,4x16`.
 `unfused` is the default configuration with each reduction of a grouped combine merged in a loop of its
 own (combine.py's FUSE_LOOPS off); `unpicked`, with a picked label logit merged from every tile's partial
-(split_reductions.PICK off); `summed`, with the gemm summing select(col == label, x, 0) over every
-element instead of the pick node writing x at the label's column (plan/epilogue.py's PICK_NODE off).
-Build them with `bench/prebuild.py --combine-variants unfused,unpicked,summed`.
+(split_reductions.PICK off). Build them with `bench/prebuild.py --combine-variants unfused,unpicked`.
 
 --repeat N makes each run N calls back to back (cuBLAS's too), as a model's consecutive layers would:
 a call's first gemm then follows the previous call's last kernel. `--work a+b` runs work a's program

@@ -28,7 +28,7 @@ def main() -> int:
                     "kernels at these rows per warp from the first row on, RxF: and F loads in flight per lane "
                     "(bench/interleaved.py's rowsR, rowsRxF labels)")
     ap.add_argument("--combine-variants", default="", help="also the default configurations with these "
-                    "combine variants (bench/interleaved.py's unfused, unpicked, summed labels)")
+                    "combine variants (bench/interleaved.py's unfused, unpicked labels)")
     args = ap.parse_args()
     unknown = set(filter(None, args.combine_variants.split(","))) - set(COMBINE_VARIANTS)
     if unknown:

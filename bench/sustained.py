@@ -7,13 +7,13 @@ each under its own sustained load, where an epilogue's power shows (docs/PERFORM
 load").
 
   python bench/sustained.py --work plain_ffn,bias_gelu --rows 8192 [--configs pp_128x192x64_c2x1_s4]
-                            [--nodes-from DIR] [--variants summed] [--peer-script PATH] [--seconds 3]
+                            [--nodes-from DIR] [--variants unpicked] [--peer-script PATH] [--seconds 3]
                             [--out sustained.json]
 
 Candidates per workload: the bare cuBLAS GEMM, epic's default, epic with each --configs entry, and
 with --nodes-from epic's default generated with those node headers (bench.py's nodes_from), with
 --variants epic's default compiled with those variants (bench.py's COMBINE_VARIANTS: unfused,
-unpicked, summed; labelled epic-VARIANT). With
+unpicked; labelled epic-VARIANT). With
 --peer-script ../shared/anchors/peer_interleaved.py, also that script's QuACK candidates (QuACK
 installed as its header says), so that epic's and QuACK's epilogues are compared in cycles per call.
 Kernels come from the cache (build them first with bench/prebuild.py).

@@ -82,9 +82,6 @@ def all_units(only: list[str], training: bool) -> list:
         units += test_gpu_tile_trace.units()
     from . import test_gpu_tile_widths
     units += test_gpu_tile_widths.units(only)
-    from . import test_gpu_label_pick
-    if not only or test_gpu_label_pick.NAME in only:
-        units += test_gpu_label_pick.units()
     if training:
         from . import test_gpu_autograd, test_gpu_grad, test_gpu_vendor_gemm
         units += test_gpu_grad.units() + test_gpu_autograd.units() + test_gpu_vendor_gemm.units()

@@ -313,34 +313,6 @@ class RowLsePartial(Pattern):
         return s.value.attrs["axis"] == "row" and s.value.attrs["fn"] == "lse"
 
 
-PICK_NODE = True     # bench: the `summed` candidate (the select summed by RowPartial) sets it False
-
-
-def picked_select(v):
-    """(label, x) for the per-tile partials v of a row sum of select(col == label, x, 0) (cross
-    entropy's row_pick) with label an integer column vector the gemm loads, else None."""
-    selected = P.selected_column(v.args[0]) if v.attrs["axis"] == "row" and v.attrs["fn"] == "sum" else None
-    if selected is None or not PICK_NODE:
-        return None
-    label, x = selected
-    if not P.is_load(label) or label.kind is not Kind.COL or "period" in label.attrs or \
-            not label.dtype.is_int or label.dtype.cuda is None or x.shape.width != 1:
-        return None
-    return label, x
-
-
-class RowPickPartial(Pattern):
-    role = "store"
-    covers = ("per-tile partials of a row sum of select(col == L, x, 0) for an integer column vector L "
-              "(row_pick): x at column L[m] written by the lane that holds it, 0 by the other tiles")
-    ops = ("partial",)
-    benefit = 1      # before RowPartial, which sums the select over every element
-
-    @classmethod
-    def matches(cls, ctx, s) -> bool:
-        return picked_select(s.value) is not None
-
-
 # ---------------------------------------------------------------- block-scaled quantization
 class _BlockScale(TileStore):
     """block_quant(x, s) (the block-quant pass made it from x / s): the node computes s from x itself
@@ -460,7 +432,7 @@ LEAVES: list[type[Pattern]] = [AccFetch, ScalarBroadcast, AuxLoad, PeriodicRowBr
 ROOTS: list[type[Pattern]] = [BlockScaleD, BlockScaleInt4, BlockScaleHalfWidth, BlockReduceScale, DStore, HalfWidthD,
                               DoubleWidthD]
 STORES: list[type[Pattern]] = [AuxStore, E8m0Store, HalfWidthAux, DoubleWidthAux, PackedInt4Store, RowPartial,
-                               ColPartial, RowLsePartial, RowPickPartial]
+                               ColPartial, RowLsePartial]
 
 
 # ---------------------------------------------------------------- choice

@@ -638,60 +638,6 @@ struct RowLsePartial : Node {
   }
 };
 
-// epic_nodes::Sm90RowPickPartial<TileShape, Label>: per row and column tile, one float at
-// ptr[n_tile * Mpad + m]: x[m, label[m]] + 0 where the tile holds column label[m] (0 <= label[m] < N),
-// else 0 (rows past M too). As the node does it: the element whose column equals its row's label is
-// recorded (rows past M and labels outside [0, N) match none); at the tile's end a recorded row is
-// written, and a row whose label the tile does not hold is written 0 -- a row whose label the tile
-// holds but nobody recorded stays unwritten, as it would on the GPU.
-template <class TileShape, class Label>
-struct RowPickPartial : Node {
-  struct Arguments {
-    float* ptr = nullptr;
-    Label const* label = nullptr;
-  };
-  Arguments args;
-  std::vector<float> pick;
-  std::vector<char> found, here;     // per row of the tile
-  int m0 = 0;
-  RowPickPartial(Arguments const& a, Problem p) : Node{p}, args(a) {}
-  long long label_of(int m) const {
-    if (m >= problem.M) return -1;
-    long long l = (long long)args.label[m];
-    return l >= 0 && l < problem.N ? l : -1;
-  }
-  void begin(Tile const& t) {
-    pick.assign(size_t(t.tile_m), 0.0f);
-    found.assign(size_t(t.tile_m), 0);
-    here.assign(size_t(t.tile_m), 0);
-    m0 = t.m0;
-    for (int r = 0; r < t.tile_m; ++r) {
-      long long l = label_of(t.m0 + r);
-      here[r] = l >= t.n0 && l < t.n0 + t.tile_n;
-    }
-  }
-  template <class T>
-  Frag<T> visit(Fragment const& f, Frag<T> const& in) {
-    if (args.ptr == nullptr) return in;
-    for (int i = 0; i < kFrag; ++i) {
-      if (f.m[i] < problem.M && label_of(f.m[i]) == f.n[i]) {
-        const int r = f.m[i] - m0;
-        pick[r] = convert<float>(float(in[i])) + 0.0f;
-        found[r] = 1;
-      }
-    }
-    return in;
-  }
-  void end(Tile const& t) {
-    if (args.ptr == nullptr) return;
-    size_t mpad = size_t(ceil_div(problem.M, t.tile_m)) * t.tile_m;
-    for (int r = 0; r < t.tile_m; ++r) {
-      if (found[r]) args.ptr[t.n_index * mpad + t.m0 + r] = pick[r];
-      else if (!here[r]) args.ptr[t.n_index * mpad + t.m0 + r] = 0.0f;
-    }
-  }
-};
-
 // epic_nodes::Sm90RowFold: counts each tile in its row block; the tile that completes a block (on
 // the host, the block's last column tile) runs the folded combine, Tail::row, for every row of the
 // block, its threads as warps of lanes (shuffles emulated), as many as a pingpong epilogue has (128,

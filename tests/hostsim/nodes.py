@@ -109,7 +109,6 @@ EMULATIONS: dict[str, Emulation] = {
     "epic_nodes::Sm90OutsideAs": Emulation(_custom("OutsideAs", 0)),
     "epic_nodes::Sm90PeriodicRowBroadcast": Emulation(_custom("PeriodicRowBroadcast", 1), {0: "row"}),
     "epic_nodes::Sm90RowLsePartial": Emulation(_custom("RowLsePartial", 1), {0: "row_partial"}),
-    "epic_nodes::Sm90RowPickPartial": Emulation(_custom("RowPickPartial", 2), {0: "row_partial", 1: "col"}),
     "epic_nodes::Sm90PackedInt4Store": Emulation(_custom("PackedInt4Store", 0), {0: "int4_store"}),
     "epic_nodes::Sm90BlockScale": Emulation(_custom("BlockScale", 5), {0: "block_scale", 3: ("int4_store", "byte_store"),
                                                                        4: "pair_slots"}),

@@ -4,8 +4,6 @@ each, printed into the kernels that use them).
 - Coordinate: the row or column index of each element (`row`, `col`; cross entropy's row_pick).
 - PeriodicRowBroadcast: a per-head vector, [Dh] repeated along N = H*Dh columns (vec[col % Dh]).
 - RowLsePartial: each tile's log-sum-exp of a row (online over (max, sum of exp(x - max)) pairs).
-- RowPickPartial: each tile's row sum of select(col == L, x, 0) for an integer column vector L (cross
-  entropy's label logit), without the select: x at column L[m] from the one lane that holds it.
 - BlockScaleD / BlockScaleInt4: 1xB block-scaled quantization, the internal op block_quant(x, s):
   q = x / s with s = max(block amax of |x|, floor) / qmax, which the block-quant pass
   (passes/block_quant.py) recognises in its spellings (the prelude's fp8_e4m3_scale, int8_block_scale
@@ -62,21 +60,6 @@ class RowLsePartial(pat.RowLsePartial, NodeImpl):
         p = b.pointer("row_partial", s.tensor, dtypes.F32, "[tiles N, M padded] per-tile log-sum-exp")
         return b.add(cls, "epic_nodes::Sm90RowLsePartial<TileShape>", f"{{static_cast<float*>({p})}}", [src],
                      f"per-tile row lse -> {s.tensor}")
-
-
-class RowPickPartial(pat.RowPickPartial, NodeImpl):
-    header = "epic_nodes/row_pick_partial.hpp"
-
-    @classmethod
-    def emit(cls, b, s) -> int:
-        label, x = pat.picked_select(s.value)
-        src = b.compute(x)
-        p = b.pointer("row_partial", s.tensor, dtypes.F32, "[tiles N, M padded] x at the label's column, else 0")
-        t = b.tensors[label.attrs["tensor"]]
-        lp = b.pointer("col", t.name, t.dtype)
-        return b.add(cls, f"epic_nodes::Sm90RowPickPartial<TileShape, {t.dtype.cuda}>",
-                     f"{{static_cast<float*>({p}), static_cast<{t.dtype.cuda} const*>({lp})}}", [src],
-                     f"per-tile row pick at column {t.name} -> {s.tensor}")
 
 
 # ---------------------------------------------------------------- block-scaled quantization
