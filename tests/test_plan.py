@@ -151,9 +151,9 @@ def test_the_heuristics_swizzle_never_pads_the_tile_grid():
     assert planner.make_plan(prog, dict(M=8192, K=4096, N=128256)).configs["g"].backend == "cublas"
     # 128x128 tiles at N = 4096: 64 rows, 32 columns; CUTLASS's order (along N there) groups the rows
     assert order(8192, 4096) == (8, "heuristic")
-    # 75 (14336 / 192) and 150 columns: swizzle 8 pads them; along N it groups the 64 rows instead.
-    # 668 columns (a vocabulary): at most 4
-    assert [order(8192, n) for n in (14336, 28672, 128256)] == [(8, "n"), (8, "n"), (4, "heuristic")]
+    # 75 (14336 / 192), 150 and 668 columns (a vocabulary): swizzle 8 pads them; along N it groups the 64
+    # rows instead (at 668 columns CUTLASS's order would take 4, reading A once per 4 columns)
+    assert [order(8192, n) for n in (14336, 28672, 128256)] == [(8, "n"), (8, "n"), (8, "n")]
     # M = 1000 (8 rows of tiles): along N only 4 fits the rows; 668 columns along M take 4 too
     assert [order(1000, n) for n in (14336, 128256)] == [(4, "n"), (4, "heuristic")]
     assert order(64, 28672) == (1, "heuristic")     # decode: one row of tiles, no swizzle

@@ -410,27 +410,22 @@ def rounds(cfg: KernelConfig, m: int, n: int, sms: int = SMS) -> Rounds:
     return Rounds(real, scheduled, grid)
 
 
-# A grid this many tiles wide (a vocabulary: 668 columns at N = 128256) groups by 4 at most: the LM
-# head + cross entropy read 0.954-0.958 of cuBLAS with swizzle 4 and 0.971 with 8 (along N, M = 8192,
-# 2026-12-03-h200-interleaved-grouped-xent.log); at N = 14336 and 28672 (75, 150 columns) 4 and 8 tie.
-VOCAB_COLUMNS = 256
-
-
 def fitting_order(cfg: KernelConfig, m: int, n: int, raster_fixed: bool = False) -> tuple[int, str]:
     """The largest swizzle up to the configuration's, and a raster order, that pad the tile grid no
     more than swizzle 1: a padding tile costs a wave slot like a real one, while a larger swizzle
     keeps a wave's operands in L2 (docs/PERFORMANCE.md, "Tile order"). The
     configuration's raster order first; unless the file or the call fixed it, the other where only
     that one groups a dimension the swizzle divides (N = 14336 on 128x192 tiles: 75 columns and 64 rows
-    of tiles; along N with swizzle 8, grouping rows). At most 4 on a grid VOCAB_COLUMNS wide or wider."""
+    of tiles; along N with swizzle 8, grouping rows). So does the LM head + cross entropy (668 columns):
+    its 1 GB B read 4 times instead of its 64 MB A 167 times with swizzle 4 along M, 3.5% faster under
+    sustained load (docs/PERFORMANCE.md, "Tile order")."""
     if cfg.swizzle <= 1:
         return cfg.swizzle, cfg.raster
     least = padded_tiles(cfg, m, n, 1)
-    most = min(cfg.swizzle, 4) if -(-n // cfg.tile_n) >= VOCAB_COLUMNS else cfg.swizzle
     rasters = [cfg.raster] if raster_fixed else [cfg.raster] + [r for r in ("m", "n") if r != cfg.raster]
     for s in (8, 4, 2):
         for r in rasters:
-            if s <= most and padded_tiles(cfg, m, n, s, r) == least:
+            if s <= cfg.swizzle and padded_tiles(cfg, m, n, s, r) == least:
                 return s, r
     return 1, cfg.raster
 
