@@ -230,7 +230,7 @@ def cmd_tune(args) -> int:
     analysis = pipeline.analyze(args.file, path=True)
     sizes = _sizes(analysis.program, args.shape)
     result = tuner.tune(args.file, sizes, limit=args.candidates, reps=args.reps, jobs=args.jobs, timeout=args.timeout,
-                        database_file=Path(args.db) if args.db else None)
+                        database_file=Path(args.db) if args.db else None, timing=args.timing)
     print(f"tuned: {result.ms:.3f} ms (heuristic configuration {result.heuristic_ms:.3f} ms, "
           f"{result.heuristic_ms / result.ms:.3f}x)")
     for gemm, cfg in result.configs.items():

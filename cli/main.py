@@ -86,6 +86,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--shape", required=True, help="sizes of the program's dimensions, e.g. M=8192,D=4096")
     c.add_argument("-k", "--candidates", type=int, default=6, help="configurations per gemm (default 6)")
     c.add_argument("--reps", type=int, default=20, help="timed runs per configuration (default 20)")
+    c.add_argument("--timing", choices=("paired", "sustained"), default="paired",
+                   help="paired (default): each configuration in rounds against the first, runs milliseconds "
+                        "apart; sustained: each replayed back to back for seconds at its own power limit, as a "
+                        "training step runs its gemms (docs/PERFORMANCE.md, 'Sustained load')")
     c.add_argument("--timeout", type=int, default=120, metavar="SECONDS",
                    help="time each configuration in a child process killed after this long (a kernel that "
                         "never finishes fails its candidate, not the tune); 0: in this process (default 120)")

@@ -572,7 +572,70 @@ def test_the_request_carries_the_candidate():
     from epic.tuning import trial
     req = json.loads(trial.request("samples/x.epi", {"M": 64}, {"g": {"tile": (64, 64, 64), "schedule": "pingpong"}}, 7))
     assert req == {"source": "samples/x.epi", "sizes": {"M": 64}, "reps": 7, "seed": 0, "give_up_ms": None,
-                   "reference": None, "reference_ms": None,
+                   "reference": None, "reference_ms": None, "timing": "paired",
                    "configs": {"g": {"tile": [64, 64, 64], "schedule": "pingpong"}}}
     from epic.frontend import options
     assert options.check_config(req["configs"], {"g": None}) == {"g": {"tile": (64, 64, 64), "schedule": "pingpong"}}
+
+
+def test_sustained_timing_replays_batches_until_its_time_has_passed():
+    """measure.sustained_ms: one timed run (over the give-up time: that, no more), the settling runs,
+    then batches between events until the time has passed; the time per call over every batch."""
+    from epic.tuning import measure
+    runs, batches = [], []
+    now = iter(range(100))
+
+    def batch_ms(fn, n):
+        batches.append(n)
+        return 4.0 * n if len(batches) % 2 else 6.0 * n      # 4 ms a call, then 6: their mean, 5
+    got = measure.sustained_ms(lambda: runs.append(1), seconds=4.0, timed=lambda fn: fn() or 9.0, batch_ms=batch_ms,
+                               settle_s=0, clock=lambda: float(next(now)), batch=10)
+    assert got == 5.0 and batches == [10] * 4 and len(runs) == 3 + 1     # 3 warm-up runs, then the timed one
+    batches.clear()                             # a first timed run over the give-up time: that time, no batches
+    assert measure.sustained_ms(lambda: None, timed=lambda fn: 9.0, batch_ms=batch_ms, give_up_ms=5.0, settle_s=0) == 9.0
+    assert batches == []
+    # the first call of a process binds and loads its kernels (on the H200 360-540 ms against 12.5 for a
+    # call): it is a warm-up run, never the timed one that the give-up time judges
+    first_call = iter([500.0] + [12.0] * 99)
+    runs.clear()
+    assert measure.sustained_ms(lambda: runs.append(next(first_call)), timed=lambda fn: fn() or runs[-1],
+                                batch_ms=lambda fn, n: 12.0 * n, give_up_ms=36.0, settle_s=0, seconds=0) == 12.0
+    assert measure.SUSTAIN_S >= 1.0
+
+
+@pytest.mark.parametrize("isolated", [False, True])
+def test_the_sustained_tune_times_every_candidate_alone_and_records_it(db, monkeypatch, isolated):
+    """`epic tune --timing sustained`: no candidate is paired with another (each back to back at its own
+    power limit), the child processes are asked for it, the unfused forms are timed the same way, and the
+    database entry says how it was timed (`epic plan --tuned` prints it)."""
+    from epic.tuning import measure, report
+    monkeypatch.setenv("EPIC_NO_TUNING", "1")
+    sizes = dict(M=8192, D=4096)
+    times = iter([2.0, 1.5, 3.0, 2.5, 2.2, 2.4, 2.6, 2.8, 2.9, 3.1, 3.2, 3.3])
+    sustained, requests = [], []
+    monkeypatch.setattr(compiled_mod.CompiledProgram, "__call__", lambda self, **kw: None)
+    monkeypatch.setattr(measure, "paired_ms", lambda *a, **k: pytest.fail("paired timing in a sustained tune"))
+    monkeypatch.setattr(measure, "median_ms", lambda *a, **k: pytest.fail("a median in a sustained tune"))
+    monkeypatch.setattr(measure, "sustained_ms", lambda fn, give_up_ms=None: sustained.append(give_up_ms) or next(times))
+
+    def fake_child(payload, timeout):
+        requests.append(json.loads(payload))
+        return next(times)
+    monkeypatch.setattr(tuner.isolated, "run_isolated", fake_child)
+    monkeypatch.setattr(tuner, "device_inputs", lambda program, sizes, seed=0: {})
+    unfused = []
+    monkeypatch.setattr(tuner, "_time_unfused", lambda u, i, reps, fused=None, fused_ms=None, sustained=False:
+                        unfused.append((fused, fused_ms, sustained)) or {"eager_ms": 9.0})
+    result = tuner.tune(RESID, sizes, limit=3, database_file=db, gpu="GPU-A", builder=lambda u: None,
+                        report=lambda line: None, timeout=60 if isolated else 0, timing="sustained")
+    if isolated:
+        assert requests and all(r["timing"] == "sustained" for r in requests) and not sustained
+    else:
+        assert len(sustained) >= 2 and not requests and sustained[0] is None
+    assert result.ms == 1.5 and result.heuristic_ms == 2.0
+    assert unfused == [(None, None, True)]
+    entry = next(iter(database.entries(epic.compile(RESID).program, sizes, db).values()))
+    assert entry["timing"] == "sustained"
+    assert "(sustained timing)" in report.render(epic.compile(RESID).program, sizes, db)
+    with pytest.raises(ValueError, match="timing 'fast'"):
+        tuner.tune(RESID, sizes, timing="fast", database_file=db, gpu="GPU-A", builder=lambda u: None)

@@ -8,7 +8,11 @@ not `reps`.
 Candidates are compared by paired_ms: the GPU's clocks follow its power draw within a second, so
 medians taken one after the other differ by up to 10% for the same kernel, while the ratio of two
 runs milliseconds apart, taken over rounds, is stable to a fraction of a percent
-(docs/PERFORMANCE.md, bench/interleaved.py)."""
+(docs/PERFORMANCE.md, bench/interleaved.py). Pairing also shares the power budget out between the
+two: a kernel that draws more power per call (more DRAM traffic: cross entropy's tile order read 2.5x
+the operand bytes and was 4% slower back to back, level in rounds) is not slowed by it there.
+sustained_ms times a candidate the way a training step runs its gemms instead, back to back for
+seconds (`epic tune --timing sustained`; docs/PERFORMANCE.md, "Sustained load")."""
 from __future__ import annotations
 
 import statistics
@@ -22,6 +26,8 @@ L2_FLUSH_BYTES = 256 << 20      # larger than the H200's 50 MiB L2
 # process already under load, where the heuristic's read 1.309 ms both ways; in the interleaved
 # harness it is 11% slower than the heuristic's (bench/results/2026-12-02-h200-tune-gelu-isolated.log).
 SETTLE_S = 1.0
+# Seconds a candidate is replayed back to back under sustained_ms (after SETTLE_S of the same).
+SUSTAIN_S = 2.0
 
 
 def settle(fns, seconds: float = SETTLE_S, sync=None, clock=time.perf_counter) -> int:
@@ -74,6 +80,42 @@ def paired_ms(fn, ref, reference_ms: float, reps: int = 20, warmup: int = 3, giv
         if give_up_ms is not None and i == 0 and reference_ms * ratios[0] > give_up_ms:
             break
     return reference_ms * statistics.median(ratios)
+
+
+def sustained_ms(fn, seconds: float = SUSTAIN_S, give_up_ms: float | None = None, warmup: int = 3, timed=None,
+                 batch_ms=None, settle_s: float = SETTLE_S, sync=None, clock=time.perf_counter, batch: int = 10) -> float:
+    """fn's time per call replayed back to back: `warmup` untimed runs (a process's first call binds and
+    loads its kernels), one timed run (over give_up_ms: that time, no more), settle_s of back-to-back
+    runs, then batches of `batch` calls between two CUDA events, no L2 flush between them, until
+    `seconds` have passed; the batches' total time over their calls.
+    batch_ms(fn, n) -> ms of n calls (default: CUDA events); tests pass their own."""
+    timed = timed or _cuda_timer()
+    for _ in range(warmup):
+        fn()
+    first = timed(fn)
+    if give_up_ms is not None and first > give_up_ms:
+        return first
+    settle([fn], settle_s, sync)
+    batch_ms = batch_ms or _cuda_batch_timer()
+    total, calls, start = 0.0, 0, clock()
+    while calls == 0 or clock() - start < seconds:
+        total += batch_ms(fn, batch)
+        calls += batch
+    return total / calls
+
+
+def _cuda_batch_timer():
+    import torch
+
+    def batch_ms(fn, n: int) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    return batch_ms
 
 
 def _cuda_sync() -> None:

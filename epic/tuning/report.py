@@ -31,7 +31,8 @@ def render(program, sizes: dict[str, int], file: Path | None = None) -> str:
     out = [f"tuned ({_text(where, 200)}, {_text(bucket, 200)}):"]
     for gpu, entry in sorted(found.items()):
         fused = database.milliseconds(entry.get("ms"))
-        out.append(f"  {_text(gpu)}, measured {_text(entry.get('measured', '?'))}:")
+        timing = entry.get("timing") if entry.get("timing") in ("paired", "sustained") else "paired"
+        out.append(f"  {_text(gpu)}, measured {_text(entry.get('measured', '?'))} ({timing} timing):")
         if fused is None:
             out.append("    (no usable fused time in this entry)")
             continue

@@ -6,8 +6,9 @@ reports as that candidate's failure, instead of hanging the whole tune.
 
 The request: {"source": path or program text, "sizes": {...}, "configs": {gemm: options}, "reps": n,
 "seed": s, "give_up_ms": ms or null (measure.median_ms), "reference": {gemm: options} or null,
-"reference_ms": ms or null}. With a reference, the candidate is timed in rounds against it
-(measure.paired_ms) and its time is reference_ms scaled by their ratio. The child builds nothing
+"reference_ms": ms or null, "timing": "paired" or "sustained"}. With a reference, the candidate is
+timed in rounds against it (measure.paired_ms) and its time is reference_ms scaled by their ratio;
+with timing "sustained", back to back for seconds (measure.sustained_ms), with no reference. The child builds nothing
 (EPIC_NO_BUILD: the parent built every candidate) and ignores the tuning database (EPIC_NO_TUNING:
 the candidate's configuration is the point).
 """
@@ -22,9 +23,10 @@ from ..diagnostics import Diagnostic, EpicError
 
 
 def request(source: str, sizes: dict, configs: dict, reps: int, seed: int = 0, give_up_ms: float | None = None,
-            reference: dict | None = None, reference_ms: float | None = None) -> str:
+            reference: dict | None = None, reference_ms: float | None = None, timing: str = "paired") -> str:
     return json.dumps({"source": source, "sizes": sizes, "configs": configs, "reps": reps, "seed": seed,
-                       "give_up_ms": give_up_ms, "reference": reference or None, "reference_ms": reference_ms})
+                       "give_up_ms": give_up_ms, "reference": reference or None, "reference_ms": reference_ms,
+                       "timing": timing})
 
 
 def run_isolated(payload: str, timeout: float, argv: list[str] | None = None) -> float:
@@ -62,7 +64,9 @@ def main() -> int:
         inputs = device_inputs(analysis.source_program, req["sizes"], req.get("seed", 0))
         give_up = req.get("give_up_ms")
         give_up = float(give_up) if isinstance(give_up, (int, float)) else None
-        if req.get("reference") and isinstance(req.get("reference_ms"), (int, float)):
+        if req.get("timing") == "sustained":
+            ms = measure.sustained_ms(lambda: prog(**inputs), give_up_ms=give_up)
+        elif req.get("reference") and isinstance(req.get("reference_ms"), (int, float)):
             ref = CompiledProgram(analysis, options.check_config(req["reference"], gemms))
             ms = measure.paired_ms(lambda: prog(**inputs), lambda: ref(**inputs), float(req["reference_ms"]),
                                    int(req["reps"]), give_up_ms=give_up)

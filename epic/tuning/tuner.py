@@ -8,6 +8,10 @@ rounds against it (measure.paired_ms: runs milliseconds apart, so the GPU's cloc
 its time being the first one's scaled by their ratio. A candidate that cannot be built or launched is
 reported and skipped; one whose first timed run is over GIVE_UP times the best so far is timed no
 further (it cannot win). A chain's winners are timed once more against the all-heuristic plan.
+With timing="sustained" (`epic tune --timing sustained`) every candidate is instead replayed back to
+back for seconds (measure.sustained_ms): at its own power limit, as a training step runs its gemms,
+where rounds against another kernel share the power budget out and hide a configuration's extra
+DRAM traffic (docs/PERFORMANCE.md, "Sustained load"); the unfused forms are timed the same way.
 Then the program's unfused torch form (runtime/unfused.py) is timed on the same inputs, eager and compiled, in rounds against the winner: the baseline fusion must beat
 (`epic plan --tuned` prints the comparison; fallback="auto" runs the faster form). The result goes
 to the tuning database, which epic.compile consults from then on.
@@ -50,15 +54,21 @@ class Result:
     trials: list[Trial] = field(default_factory=list)
 
 
+TIMINGS = ("paired", "sustained")
+
+
 def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int = 20, jobs: int | None = None,
          database_file=None, gpu: str | None = None, timer=None, builder=None, report=print,
-         unfused_timer=None, timeout: float = 120.0) -> Result:
+         unfused_timer=None, timeout: float = 120.0, timing: str = "paired") -> Result:
     """Tune every gemm of a program at these sizes; stores and returns the result.
     Each candidate is timed in a child process killed after `timeout` seconds (0: in this process).
     timer(prog, inputs) -> ms, unfused_timer(unfused, inputs) -> the entry's "unfused" dict and
     builder(units) exist for tests; by default the GPU times the calls."""
     import torch
     from ..runtime.compiled import CompiledProgram
+    if timing not in TIMINGS:
+        raise ValueError(f"timing {timing!r}: one of {', '.join(TIMINGS)}")
+    sustained = timing == "sustained"
     analysis = pipeline.analyze(path_or_source)
     program = analysis.program
     planner.make_plan(program, sizes)                                  # the sizes are legal at all
@@ -72,7 +82,9 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
             if timeout:
                 return isolated.run_isolated(isolated.request(
                     path_or_source, sizes, prog.config, reps, give_up_ms=give_up["ms"],
-                    reference=ref.config if ref else None, reference_ms=reference["ms"]), timeout)
+                    reference=ref.config if ref else None, reference_ms=reference["ms"], timing=timing), timeout)
+            if sustained:
+                return measure.sustained_ms(lambda: prog(**inputs), give_up_ms=give_up["ms"])
             if ref is None:
                 return measure.median_ms(lambda: prog(**inputs), reps, give_up_ms=give_up["ms"])
             return measure.paired_ms(lambda: prog(**inputs), lambda: ref(**inputs), reference["ms"], reps,
@@ -136,11 +148,14 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
         except EpicError as e:
             report(f"  (the winners could not be timed against the heuristic's plan: {e.diagnostics[0].message})")
     entry = {"configs": best, "ms": round(ms, 4), "heuristic_ms": round(heuristic_ms or ms, 4),
-             "measured": datetime.date.today().isoformat(), "sizes": dict(sizes), "candidates": len(trials)}
+             "measured": datetime.date.today().isoformat(), "sizes": dict(sizes), "candidates": len(trials),
+             "timing": timing}
     if unfused_timer is None and on_gpu:        # in rounds against the fused winner, scaled by its time
         winner_prog = CompiledProgram(analysis, best)
 
         def unfused_timer(unfused, inputs):
+            if sustained:
+                return _time_unfused(unfused, inputs, reps, sustained=True)
             return _time_unfused(unfused, inputs, reps, lambda: winner_prog(**inputs), ms)
     if unfused_timer is not None:
         from ..runtime.unfused import Unfused
@@ -175,11 +190,13 @@ def _no_candidate(gemm: str, trials: list[Trial]):
     return Diagnostic("E707", f"no configuration of gemm '{gemm}' could be built and timed ({why})")
 
 
-def _time_unfused(unfused, inputs: dict, reps: int = 20, fused=None, fused_ms: float | None = None) -> dict:
+def _time_unfused(unfused, inputs: dict, reps: int = 20, fused=None, fused_ms: float | None = None,
+                  sustained: bool = False) -> dict:
     """The unfused form's times, eager and compiled (with how long compiling took); a form that fails
     (torch.compile refusing a graph) is recorded with why, not raised. With fused() and its time, each
     form is timed in rounds against it (measure.paired_ms), so fused and unfused compare without the
-    clock drift between two separate medians."""
+    clock drift between two separate medians; sustained: back to back (measure.sustained_ms), as the
+    fused candidates were."""
     import time
     out: dict = {}
     for form, compiled in (("eager", False), ("compiled", True)):
@@ -189,7 +206,10 @@ def _time_unfused(unfused, inputs: dict, reps: int = 20, fused=None, fused_ms: f
             if compiled:
                 out["compile_s"] = round(time.perf_counter() - start, 1)
             run = functools.partial(unfused, compiled=compiled, **inputs)
-            ms = measure.paired_ms(run, fused, fused_ms, reps) if fused is not None else measure.median_ms(run, reps)
+            if sustained:
+                ms = measure.sustained_ms(run)
+            else:
+                ms = measure.paired_ms(run, fused, fused_ms, reps) if fused is not None else measure.median_ms(run, reps)
             out[f"{form}_ms"] = round(ms, 4)
         except Exception as e:      # noqa: BLE001 -- a baseline that cannot run is a finding, not a crash
             out[f"{form}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
