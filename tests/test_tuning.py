@@ -639,3 +639,24 @@ def test_the_sustained_tune_times_every_candidate_alone_and_records_it(db, monke
     assert "(sustained timing)" in report.render(epic.compile(RESID).program, sizes, db)
     with pytest.raises(ValueError, match="timing 'fast'"):
         tuner.tune(RESID, sizes, timing="fast", database_file=db, gpu="GPU-A", builder=lambda u: None)
+
+
+@pytest.mark.parametrize("second, kept", [(1.99, True), (1.981, True), (1.979, False), (1.5, False)])
+def test_the_heuristics_configuration_stays_unless_a_candidate_is_a_margin_faster(db, monkeypatch, second, kept):
+    """tuner.MARGIN: a lead under 1% is within what a timing mode can rank (a tile order 0.3% faster in
+    paired rounds was 8.9% slower back to back), so the heuristic's configuration stays; a larger one wins."""
+    from epic.tuning import measure
+    monkeypatch.setenv("EPIC_NO_TUNING", "1")
+    sizes = dict(M=8192, D=4096)
+    times = iter([2.0, second] + [3.0] * 10)
+    monkeypatch.setattr(measure, "median_ms", lambda fn, reps=20, give_up_ms=None: next(times))
+    monkeypatch.setattr(measure, "paired_ms", lambda fn, ref, reference_ms, reps=20, give_up_ms=None: next(times))
+    monkeypatch.setattr(tuner, "device_inputs", lambda program, sizes, seed=0: {})
+    lines = []
+    result = tuner.tune(RESID, sizes, limit=3, database_file=db, gpu="GPU-A", builder=lambda u: None,
+                        report=lines.append, unfused_timer=lambda u, i: {}, timeout=0)
+    timed = [t for t in result.trials if t.ms is not None]
+    assert timed[0].ms == 2.0 and timed[1].ms == second
+    assert result.configs[timed[0].gemm] == (timed[0].override if kept else timed[1].override)
+    assert result.ms == (2.0 if kept else second)
+    assert any("less than 1% faster than the heuristic's: kept" in line for line in lines) == kept
