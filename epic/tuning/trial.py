@@ -8,9 +8,9 @@ The request: {"source": path or program text, "sizes": {...}, "configs": {gemm: 
 "seed": s, "give_up_ms": ms or null (measure.median_ms), "reference": {gemm: options} or null,
 "reference_ms": ms or null, "timing": "paired" or "sustained"}. With a reference, the candidate is
 timed in rounds against it (measure.paired_ms) and its time is reference_ms scaled by their ratio;
-with timing "sustained", back to back for seconds (measure.sustained_ms), with no reference. The child builds nothing
-(EPIC_NO_BUILD: the parent built every candidate) and ignores the tuning database (EPIC_NO_TUNING:
-the candidate's configuration is the point).
+with timing "sustained", back to back for seconds (measure.sustained_ms), with no reference. The
+child builds nothing (EPIC_NO_BUILD: the parent built every candidate) and ignores the tuning
+database (EPIC_NO_TUNING: the candidate's configuration is the point).
 """
 from __future__ import annotations
 
