@@ -38,7 +38,7 @@ GIVE_UP = 3.0    # a candidate whose first timed run exceeds this multiple of th
 # A candidate replaces the heuristic's configuration only if it is at least this much faster: a lead
 # smaller than that is within what the timing mode can rank (the H200 tune of cross entropy at M = 8192
 # picked a tile order 0.3% faster in paired rounds that is 8.9% slower back to back,
-# bench/results/2026-12-06-h200-tune-timing.log), while the heuristic's choices were measured both ways.
+# bench/results/2026-12-06-h200-tune-timing.log).
 MARGIN = 0.01
 
 
