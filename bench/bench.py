@@ -99,6 +99,16 @@ def unpicked_combines(on: bool = True):
 COMBINE_VARIANTS = {"unfused": unfused_combines, "unpicked": unpicked_combines}
 
 
+def variant_list(text: str) -> list[str]:
+    """An argparse type: comma-separated COMBINE_VARIANTS labels (prebuild.py's --combine-variants,
+    sustained.py's --variants)."""
+    labels = [v for v in text.split(",") if v]
+    unknown = sorted(set(labels) - set(COMBINE_VARIANTS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)} (known: {', '.join(COMBINE_VARIANTS)})")
+    return labels
+
+
 def combine_variant(label: str):
     """The context of a COMBINE_VARIANTS label; any other label: unchanged."""
     return COMBINE_VARIANTS[label]() if label in COMBINE_VARIANTS else contextlib.nullcontext()

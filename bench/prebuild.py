@@ -13,7 +13,7 @@ from epic.runtime import build, fastcall  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import (DIMS, ROOT, WORK, allow_tile_widths, combine_rows, combine_rows_label, nodes_from,  # noqa: E402
-                   COMBINE_VARIANTS, combine_variant, parse_config)
+                   combine_variant, parse_config, variant_list)
 
 
 def main() -> int:
@@ -27,12 +27,9 @@ def main() -> int:
     ap.add_argument("--combine-rows", default="", help="also the default configurations with the grouped combine "
                     "kernels at these rows per warp from the first row on, RxF: and F loads in flight per lane "
                     "(bench/interleaved.py's rowsR, rowsRxF labels)")
-    ap.add_argument("--combine-variants", default="", help="also the default configurations with these "
+    ap.add_argument("--combine-variants", type=variant_list, default=[], help="also the default configurations with these "
                     "combine variants (bench/interleaved.py's unfused, unpicked labels)")
     args = ap.parse_args()
-    unknown = set(filter(None, args.combine_variants.split(","))) - set(COMBINE_VARIANTS)
-    if unknown:
-        ap.error(f"--combine-variants: unknown {', '.join(sorted(unknown))} (known: {', '.join(COMBINE_VARIANTS)})")
     if args.tile_widths:
         allow_tile_widths(args.tile_widths)
     units = {}
@@ -52,7 +49,7 @@ def main() -> int:
                     units[(u.name, u.source)] = u
             variants = ([nodes_from(args.nodes_from)] if args.nodes_from else []) + \
                 [combine_rows(*combine_rows_label(f"rows{r}")) for r in filter(None, args.combine_rows.split(","))] + \
-                [combine_variant(v) for v in filter(None, args.combine_variants.split(","))]
+                [combine_variant(v) for v in args.combine_variants]
             for variant in variants:
                 with variant:       # compiled anew: a variant may change the passes (unpicked)
                     other = epic.compile(os.path.join(ROOT, WORK[name][0])).program

@@ -35,7 +35,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import epic  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import COMBINE_VARIANTS, ROOT, WORK, combine_variant, graphed, nodes_from, parse_config  # noqa: E402
+from bench import (COMBINE_VARIANTS, ROOT, WORK, combine_variant, graphed, nodes_from, parse_config,  # noqa: E402
+                   variant_list)
 
 
 class Sampler:
@@ -121,15 +122,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--nodes-from", default=None, help="also epic generated with the custom node headers in this "
                     "directory (bench.py's nodes_from), labelled epic-nodes")
-    ap.add_argument("--variants", default="", help="also epic's default with these variants (bench.py's "
+    ap.add_argument("--variants", type=variant_list, default=[], help="also epic's default with these variants (bench.py's "
                     f"COMBINE_VARIANTS: {', '.join(COMBINE_VARIANTS)}), labelled epic-VARIANT")
     ap.add_argument("--peer-script", default=None, help="also QuACK's candidates from this peer script "
                     "(../shared/anchors/peer_interleaved.py)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "sustained.json"))
     args = ap.parse_args()
-    unknown = set(filter(None, args.variants.split(","))) - set(COMBINE_VARIANTS)
-    if unknown:
-        ap.error(f"--variants: unknown {', '.join(sorted(unknown))} (known: {', '.join(COMBINE_VARIANTS)})")
     peers = peer_candidates(args.peer_script) if args.peer_script else None
     print(torch.cuda.get_device_name(), time.strftime("%Y-%m-%d"), flush=True)
     sampler = Sampler()
@@ -145,7 +143,7 @@ def main() -> int:
             with nodes_from(args.nodes_from):
                 pn = epic.compile(os.path.join(ROOT, path))
                 cands.append(("epic-nodes", graphed(lambda pn=pn: pn(**inputs))))   # generated here
-        for v in filter(None, args.variants.split(",")):
+        for v in args.variants:
             with combine_variant(v):         # compiled and generated inside: a variant may change a pass
                 pv = epic.compile(os.path.join(ROOT, path))
                 cands.append((f"epic-{v}", graphed(lambda pv=pv: pv(**inputs))))

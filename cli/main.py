@@ -11,6 +11,7 @@ import sys
 
 from epic import envflags
 from epic.diagnostics import EpicError
+from epic.tuning import measure
 
 COMMANDS = {
     "check": "check .epi files: syntax, types, tile locality, layout (exit 0 clean, 1 on diagnostics)",
@@ -86,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--shape", required=True, help="sizes of the program's dimensions, e.g. M=8192,D=4096")
     c.add_argument("-k", "--candidates", type=int, default=6, help="configurations per gemm (default 6)")
     c.add_argument("--reps", type=int, default=20, help="timed runs per configuration (default 20)")
-    c.add_argument("--timing", choices=("paired", "sustained"), default="paired",
+    c.add_argument("--timing", choices=measure.TIMINGS, default=measure.TIMINGS[0],
                    help="paired (default): each configuration in rounds against the first, runs milliseconds "
                         "apart; sustained: each replayed back to back for seconds at its own power limit, as a "
                         "training step runs its gemms (docs/PERFORMANCE.md, 'Sustained load')")

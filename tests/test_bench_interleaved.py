@@ -130,3 +130,12 @@ def test_combine_rows_sets_the_grouped_combines_rows_per_warp():
     with pytest.raises(SystemExit, match="must divide 32"):
         with bench.combine_rows(3):
             pass
+
+
+def test_variant_lists_take_known_labels_and_name_unknown_ones():
+    """bench.variant_list, the type of prebuild.py's --combine-variants and sustained.py's --variants."""
+    import argparse
+    bench = bench_module("bench")
+    assert bench.variant_list("unfused,,unpicked") == ["unfused", "unpicked"] and bench.variant_list("") == []
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown bogus, zzz"):
+        bench.variant_list("zzz,unpicked,bogus")

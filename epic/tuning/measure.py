@@ -28,6 +28,8 @@ L2_FLUSH_BYTES = 256 << 20      # larger than the H200's 50 MiB L2
 SETTLE_S = 1.0
 # Seconds a candidate is replayed back to back under sustained_ms (after SETTLE_S of the same).
 SUSTAIN_S = 2.0
+# How `epic tune` times its candidates: paired_ms against the first, or sustained_ms
+TIMINGS = ("paired", "sustained")
 
 
 def settle(fns, seconds: float = SETTLE_S, sync=None, clock=time.perf_counter) -> int:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..frontend.sources import printable
 from ..runtime import tuning_db as database
+from . import measure
 
 
 def _text(x, limit: int = 80) -> str:
@@ -31,7 +32,7 @@ def render(program, sizes: dict[str, int], file: Path | None = None) -> str:
     out = [f"tuned ({_text(where, 200)}, {_text(bucket, 200)}):"]
     for gpu, entry in sorted(found.items()):
         fused = database.milliseconds(entry.get("ms"))
-        timing = entry.get("timing") if entry.get("timing") in ("paired", "sustained") else "paired"
+        timing = entry.get("timing") if entry.get("timing") in measure.TIMINGS else measure.TIMINGS[0]
         out.append(f"  {_text(gpu)}, measured {_text(entry.get('measured', '?'))} ({timing} timing):")
         if fused is None:
             out.append("    (no usable fused time in this entry)")

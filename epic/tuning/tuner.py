@@ -61,9 +61,6 @@ class Result:
     trials: list[Trial] = field(default_factory=list)
 
 
-TIMINGS = ("paired", "sustained")
-
-
 def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int = 20, jobs: int | None = None,
          database_file=None, gpu: str | None = None, timer=None, builder=None, report=print,
          unfused_timer=None, timeout: float = 120.0, timing: str = "paired") -> Result:
@@ -73,8 +70,8 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
     builder(units) exist for tests; by default the GPU times the calls."""
     import torch
     from ..runtime.compiled import CompiledProgram
-    if timing not in TIMINGS:
-        raise ValueError(f"timing {timing!r}: one of {', '.join(TIMINGS)}")
+    if timing not in measure.TIMINGS:
+        raise ValueError(f"timing {timing!r}: one of {', '.join(measure.TIMINGS)}")
     sustained = timing == "sustained"
     analysis = pipeline.analyze(path_or_source)
     program = analysis.program
@@ -89,7 +86,8 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
             if timeout:
                 return isolated.run_isolated(isolated.request(
                     path_or_source, sizes, prog.config, reps, give_up_ms=give_up["ms"],
-                    reference=ref.config if ref else None, reference_ms=reference["ms"], timing=timing), timeout)
+                    reference=ref.config if ref and not sustained else None, reference_ms=reference["ms"],
+                    timing=timing), timeout)
             if sustained:
                 return measure.sustained_ms(lambda: prog(**inputs), give_up_ms=give_up["ms"])
             if ref is None:
