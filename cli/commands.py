@@ -221,12 +221,23 @@ def cmd_tune(args) -> int:
                                ("--timeout", args.timeout, 0)):
         if value is not None and not least <= value <= 10_000:
             raise error("E801", f"{flag} {value}: must be a whole number from {least} to 10000")
+    from epic.tuning import tuner
+    if args.build_only:
+        analysis = pipeline.analyze(args.file, path=True)
+        trials = tuner.build_candidates(args.file, _sizes(analysis.program, args.shape), limit=args.candidates,
+                                        jobs=args.jobs)
+        for t in trials:
+            print(f"{t.gemm}: {t.config}" + (f"  skipped: {t.why}" if t.why else ""))
+        built = {u.name + u.source for t in trials if t.why is None for u in t.units}
+        print(f"built {len(built)} kernel(s) for {sum(t.why is None for t in trials)} of {len(trials)} "
+              "configuration(s)")
+        return 0
     import torch
     if not torch.cuda.is_available():
         raise error("E703", "epic tune times kernels on a CUDA GPU, and none is available", None,
-                    "run it on the machine (the GPU type) the kernels will run on")
+                    "run it on the machine (the GPU type) the kernels will run on (--build-only builds "
+                    "its kernels without one)")
     from pathlib import Path
-    from epic.tuning import tuner
     analysis = pipeline.analyze(args.file, path=True)
     sizes = _sizes(analysis.program, args.shape)
     result = tuner.tune(args.file, sizes, limit=args.candidates, reps=args.reps, jobs=args.jobs, timeout=args.timeout,

@@ -532,6 +532,45 @@ def test_no_configuration_at_all_is_e707(db, monkeypatch):
     assert not db.exists()
 
 
+@pytest.mark.parametrize("path,sizes", [(RESID, dict(M=8192, D=4096)), (MLP, dict(M=8192, D=4096, F=14336))],
+                         ids=["one gemm", "a chain"])
+def test_build_only_builds_in_one_run_what_the_tune_builds(db, monkeypatch, path, sizes):
+    # every configuration timed alike: each gemm keeps the heuristic's, so a chain's later gemms are tuned
+    # with the earlier ones at the heuristic's configuration, as --build-only plans them
+    monkeypatch.setenv("EPIC_NO_TUNING", "1")
+    prog_sizes[0] = sizes
+    tuned, only = [], []
+    tuner.tune(path, sizes, limit=4, database_file=db, gpu="GPU-A", timer=FakeGPU({}), builder=tuned.append,
+               report=lambda s: None)
+    trials = tuner.build_candidates(path, sizes, limit=4, builder=only.append)
+    kernels = lambda batches: {(u.name, u.source) for batch in batches for u in batch}   # noqa: E731
+    assert len(only) == 1 and kernels(only) == kernels(tuned)
+    gemms = [k.name for k in epic.compile(path).program.kernels if k.kind == "gemm"]
+    assert sorted({t.gemm for t in trials}) == sorted(gemms) and all(t.why is None for t in trials)
+
+
+def test_build_only_reports_a_configuration_nvcc_refuses_and_builds_the_rest(monkeypatch):
+    def builder(units):
+        if any("coop_128x256" in u.name for u in units):
+            raise EpicError(Diagnostic("E217", "too little shared memory"))
+
+    trials = tuner.build_candidates(RESID, dict(M=8192, D=4096), limit=4, builder=builder)
+    refused = [t for t in trials if t.why]
+    assert refused and all("128x256" in t.config and t.why == "too little shared memory" for t in refused)
+    assert any(t.why is None for t in trials)
+
+
+def test_epic_tune_build_only_needs_no_gpu(monkeypatch, capsys):
+    from epic.runtime import build
+    from epic_cli.main import main
+    seen = []
+    monkeypatch.setattr(build, "build_all", lambda units, jobs=None: seen.append((units, jobs)) or [])
+    assert main(["tune", RESID, "--shape", "M=64,D=4096", "-k", "2", "-j", "3", "--build-only"]) == 0
+    out = capsys.readouterr().out
+    assert len(seen) == 1 and seen[0][1] == 3 and seen[0][0]
+    assert "o_proj: pingpong 64x64x64" in out and "built " in out and "configuration(s)" in out
+
+
 def test_epic_tune_without_a_gpu_is_e703_and_bad_counts_e801(tmp_path, capsys):
     from epic_cli.main import main
     assert main(["tune", RESID, "--shape", "M=64,D=4096"]) == 2

@@ -101,18 +101,7 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
     heuristic_ms = heuristic = None
     gemms = [k for k in program.kernels if k.kind == "gemm"]
     for kernel in gemms:
-        m, n = sizes_mod.evaluate(kernel.rows, sizes), sizes_mod.evaluate(kernel.n, sizes)   # this gemm's own
-        round_trials = []
-        depth = sizes_mod.evaluate(kernel.k, sizes)
-        for cfg in space.candidates(kernel, program.tensors, m, n, limit, depth):
-            trial = Trial(kernel.name, str(cfg), space.override(cfg))
-            configs = {**best, kernel.name: trial.override}
-            try:
-                plan = planner.make_plan(program, sizes, configs)
-                trial.units = [u for _, u in emit.units(program, plan.configs)]
-            except EpicError as e:
-                trial.why = e.diagnostics[0].message.splitlines()[0]
-            round_trials.append(trial)
+        round_trials = _trials(program, sizes, kernel, limit, best)
         units = {u.name + u.source: u for t in round_trials if t.why is None for u in t.units}
         report(f"{kernel.name}: building {len(units)} kernel(s) for {len(round_trials)} configuration(s)")
         _build_each(builder, round_trials)
@@ -175,6 +164,37 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
                                                       else entry["unfused"].get(f"{form}_error", "not timed")))
     key = database.store(program, sizes, gpu, entry, database_file)
     return Result(key, best, ms, heuristic_ms or ms, trials)
+
+
+def _trials(program, sizes: dict[str, int], kernel, limit: int, best: dict[str, dict]) -> list[Trial]:
+    """One gemm's candidates as trials, each with the kernels its plan builds (the program's other gemms
+    at `best`, the heuristic's where absent); a configuration the plan refuses says why."""
+    m, n = sizes_mod.evaluate(kernel.rows, sizes), sizes_mod.evaluate(kernel.n, sizes)   # this gemm's own
+    out = []
+    for cfg in space.candidates(kernel, program.tensors, m, n, limit, sizes_mod.evaluate(kernel.k, sizes)):
+        trial = Trial(kernel.name, str(cfg), space.override(cfg))
+        try:
+            plan = planner.make_plan(program, sizes, {**best, kernel.name: trial.override})
+            trial.units = [u for _, u in emit.units(program, plan.configs)]
+        except EpicError as e:
+            trial.why = e.diagnostics[0].message.splitlines()[0]
+        out.append(trial)
+    return out
+
+
+def build_candidates(path_or_source: str, sizes: dict[str, int], limit: int = 6, jobs: int | None = None,
+                     builder=None) -> list[Trial]:
+    """`epic tune --build-only`: build, without a GPU, the kernels a tune at these sizes times, in one
+    parallel nvcc run, so that the tune on the GPU machine finds them in the cache. Every gemm's
+    candidates are planned with the program's other gemms at the heuristic's configuration: a chain's
+    tune plans its later gemms with the earlier winners in place, so where a winner is not the
+    heuristic's the tune builds those kernels itself. Returns the trials (why: a candidate the plan
+    refused or nvcc could not build)."""
+    program = pipeline.analyze(path_or_source).program
+    planner.make_plan(program, sizes)                                  # the sizes are legal at all
+    trials = [t for k in program.kernels if k.kind == "gemm" for t in _trials(program, sizes, k, limit, {})]
+    _build_each(builder or (lambda units: build.build_all(units, jobs)), trials)
+    return trials
 
 
 def _build_each(builder, trials: list[Trial]) -> None:
