@@ -560,6 +560,15 @@ def test_build_only_reports_a_configuration_nvcc_refuses_and_builds_the_rest(mon
     assert any(t.why is None for t in trials)
 
 
+def test_build_only_with_no_kernel_built_is_e707_and_says_why(capsys):
+    def builder(units):
+        raise EpicError(Diagnostic("E705", "nvcc not found"))
+
+    with pytest.raises(EpicError) as e:
+        tuner.build_candidates(RESID, dict(M=64, D=4096), limit=2, builder=builder)
+    assert e.value.codes == ["E707"] and "could be built (" in str(e.value) and "nvcc not found" in str(e.value)
+
+
 def test_epic_tune_build_only_needs_no_gpu(monkeypatch, capsys):
     from epic.runtime import build
     from epic_cli.main import main

@@ -189,11 +189,15 @@ def build_candidates(path_or_source: str, sizes: dict[str, int], limit: int = 6,
     candidates are planned with the program's other gemms at the heuristic's configuration: a chain's
     tune plans its later gemms with the earlier winners in place, so where a winner is not the
     heuristic's the tune builds those kernels itself. Returns the trials (why: a candidate the plan
-    refused or nvcc could not build)."""
+    refused or nvcc could not build); E707 where none of a gemm's could be built."""
     program = pipeline.analyze(path_or_source).program
     planner.make_plan(program, sizes)                                  # the sizes are legal at all
+    gemms = [k.name for k in program.kernels if k.kind == "gemm"]
     trials = [t for k in program.kernels if k.kind == "gemm" for t in _trials(program, sizes, k, limit, {})]
     _build_each(builder or (lambda units: build.build_all(units, jobs)), trials)
+    for gemm in gemms:              # a gemm none of whose candidates built (nvcc missing, ...): E707
+        if all(t.why for t in trials if t.gemm == gemm):
+            raise EpicError(_no_candidate(gemm, [t for t in trials if t.gemm == gemm], "built"))
     return trials
 
 
@@ -213,10 +217,10 @@ def _build_each(builder, trials: list[Trial]) -> None:
             t.why = e.diagnostics[0].message.splitlines()[0]
 
 
-def _no_candidate(gemm: str, trials: list[Trial]):
+def _no_candidate(gemm: str, trials: list[Trial], done: str = "built and timed"):
     from ..diagnostics import Diagnostic
     why = "; ".join(f"{t.config}: {t.why}" for t in trials[:3])
-    return Diagnostic("E707", f"no configuration of gemm '{gemm}' could be built and timed ({why})")
+    return Diagnostic("E707", f"no configuration of gemm '{gemm}' could be {done} ({why})")
 
 
 def _time_unfused(unfused, inputs: dict, reps: int = 20, fused=None, fused_ms: float | None = None,
