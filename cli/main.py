@@ -97,9 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
     c.add_argument("--db", metavar="FILE", help="the tuning database (default: $EPIC_TUNING, else tuning.json "
                    "in the kernel cache)")
-    c.add_argument("--build-only", action="store_true", help="no GPU needed: build the kernels the tune would "
-                   "time into the cache, then stop (a tune on the GPU machine, with that cache, builds nothing "
-                   "more for a one-gemm program)")
+    c.add_argument("--build-only", action="store_true", help="no GPU needed: build into the kernel cache the "
+                   "kernels the tune would time, then stop (copy the cache to the GPU machine)")
 
     c = sub.add_parser("grad", help=COMMANDS["grad"], description=COMMANDS["grad"])
     c.add_argument("file", metavar="FILE")

@@ -549,7 +549,7 @@ def test_build_only_builds_in_one_run_what_the_tune_builds(db, monkeypatch, path
     assert sorted({t.gemm for t in trials}) == sorted(gemms) and all(t.why is None for t in trials)
 
 
-def test_build_only_reports_a_configuration_nvcc_refuses_and_builds_the_rest(monkeypatch):
+def test_build_only_reports_a_configuration_nvcc_refuses_and_builds_the_rest():
     def builder(units):
         if any("coop_128x256" in u.name for u in units):
             raise EpicError(Diagnostic("E217", "too little shared memory"))
@@ -560,7 +560,7 @@ def test_build_only_reports_a_configuration_nvcc_refuses_and_builds_the_rest(mon
     assert any(t.why is None for t in trials)
 
 
-def test_build_only_with_no_kernel_built_is_e707_and_says_why(capsys):
+def test_build_only_with_no_kernel_built_is_e707_and_says_why():
     def builder(units):
         raise EpicError(Diagnostic("E705", "nvcc not found"))
 

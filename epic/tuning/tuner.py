@@ -192,12 +192,12 @@ def build_candidates(path_or_source: str, sizes: dict[str, int], limit: int = 6,
     refused or nvcc could not build); E707 where none of a gemm's could be built."""
     program = pipeline.analyze(path_or_source).program
     planner.make_plan(program, sizes)                                  # the sizes are legal at all
-    gemms = [k.name for k in program.kernels if k.kind == "gemm"]
-    trials = [t for k in program.kernels if k.kind == "gemm" for t in _trials(program, sizes, k, limit, {})]
+    per_gemm = {k.name: _trials(program, sizes, k, limit, {}) for k in program.kernels if k.kind == "gemm"}
+    trials = [t for ts in per_gemm.values() for t in ts]
     _build_each(builder or (lambda units: build.build_all(units, jobs)), trials)
-    for gemm in gemms:              # a gemm none of whose candidates built (nvcc missing, ...): E707
-        if all(t.why for t in trials if t.gemm == gemm):
-            raise EpicError(_no_candidate(gemm, [t for t in trials if t.gemm == gemm], "built"))
+    for gemm, ts in per_gemm.items():         # none of a gemm's candidates built (nvcc missing, ...)
+        if all(t.why for t in ts):
+            raise EpicError(_no_candidate(gemm, ts, "built"))
     return trials
 
 
