@@ -223,8 +223,8 @@ void check(const char* name) {
       }
     }(), ...);
 
-  // 5. print thread 0..3 (lanes of one quad) and thread 4 for subtile (0, 0); and one thread of warp 1
-  for (int t : {0, 1, 4, 32, num_threads > 128 ? 128 : 127}) {
+  // 5. print threads 0..3 (the lanes of one quad) and thread 4 for subtile (0, 0); and one thread of warp 1
+  for (int t : {0, 1, 2, 3, 4, 32, num_threads > 128 ? 128 : 127}) {
     printf("  thread %3d subtile(0,0):", t);
     for (int k = 0; k < frag && k < 16; ++k) {
       auto [r, c] = elem_coord(t, 0, 0, k);
@@ -250,6 +250,8 @@ int main() {
   check<Config<Shape<_64,_256,_64>, Shape<_1,_1,_1>, false, Shape<_64,_256>, e4m3>, 256>("pingpong 64x256x64 c1x1, epi 64x256, e4m3 D");
   check<Config<Shape<_128,_128,_64>, Shape<_2,_1,_1>, true, Shape<_128,_128>, e4m3>, 128>("cooperative 128x128x64 c2x1, epi 128x128, e4m3 D");
   check<Config<Shape<_128,_256,_64>, Shape<_2,_1,_1>, true, Shape<_128,_128>, bf16>, 128>("cooperative 128x256x64 c2x1, epi 128x128, bf16 D (for comparison)");
+  // SwiGLU's half-width bf16 output stored as a tile of bytes (pair 2k, 2k+1: one output column)
+  check<Config<Shape<_128,_192,_64>, Shape<_2,_1,_1>, false, Auto, uint8_t>, 32>("pingpong 128x192x64 c2x1, EpilogueTileAuto, uint8 D (SwiGLU's bytes)");
   printf("%s (%d failures)\n", g_failures ? "FAIL fragment_map" : "PASS fragment_map", g_failures);
   return g_failures != 0;
 }
