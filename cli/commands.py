@@ -228,9 +228,8 @@ def cmd_tune(args) -> int:
                                         jobs=args.jobs)
         for t in trials:
             print(f"{t.gemm}: {t.config}" + (f"  skipped: {t.why}" if t.why else ""))
-        built = {u.name + u.source for t in trials if t.why is None for u in t.units}
-        print(f"built {len(built)} kernel(s) for {sum(t.why is None for t in trials)} of {len(trials)} "
-              "configuration(s)")
+        print(f"built {len(tuner.kernels_of(trials))} kernel(s) for {sum(t.why is None for t in trials)} of "
+              f"{len(trials)} configuration(s)")
         return 0
     import torch
     if not torch.cuda.is_available():

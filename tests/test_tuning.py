@@ -634,20 +634,29 @@ def test_sustained_timing_replays_batches_until_its_time_has_passed():
     now = iter(range(100))
 
     def batch_ms(fn, n):
+        for _ in range(n):
+            fn()
+        if n == 1:                                            # the one timed run
+            return 9.0
         batches.append(n)
         return 4.0 * n if len(batches) % 2 else 6.0 * n      # 4 ms a call, then 6: their mean, 5
-    got = measure.sustained_ms(lambda: runs.append(1), seconds=4.0, timed=lambda fn: fn() or 9.0, batch_ms=batch_ms,
-                               settle_s=0, clock=lambda: float(next(now)), batch=10)
-    assert got == 5.0 and batches == [10] * 4 and len(runs) == 3 + 1     # 3 warm-up runs, then the timed one
+    got = measure.sustained_ms(lambda: runs.append(1), seconds=4.0, batch_ms=batch_ms, settle_s=0,
+                               clock=lambda: float(next(now)), batch=10)
+    assert got == 5.0 and batches == [10] * 4 and len(runs) == 3 + 1 + 40    # 3 warm-up runs, the timed one
     batches.clear()                             # a first timed run over the give-up time: that time, no batches
-    assert measure.sustained_ms(lambda: None, timed=lambda fn: 9.0, batch_ms=batch_ms, give_up_ms=5.0, settle_s=0) == 9.0
+    assert measure.sustained_ms(lambda: None, batch_ms=batch_ms, give_up_ms=5.0, settle_s=0) == 9.0
     assert batches == []
     # the first call of a process binds and loads its kernels (on the H200 360-540 ms against 12.5 for a
     # call): it is a warm-up run, never the timed one that the give-up time judges
     first_call = iter([500.0] + [12.0] * 99)
     runs.clear()
-    assert measure.sustained_ms(lambda: runs.append(next(first_call)), timed=lambda fn: fn() or runs[-1],
-                                batch_ms=lambda fn, n: 12.0 * n, give_up_ms=36.0, settle_s=0, seconds=0) == 12.0
+
+    def call_times(fn, n):
+        for _ in range(n):
+            fn()
+        return sum(runs[-n:])
+    assert measure.sustained_ms(lambda: runs.append(next(first_call)), batch_ms=call_times, give_up_ms=36.0,
+                                settle_s=0, seconds=0) == 12.0
     assert measure.SUSTAIN_S >= 1.0
 
 

@@ -84,21 +84,20 @@ def paired_ms(fn, ref, reference_ms: float, reps: int = 20, warmup: int = 3, giv
     return reference_ms * statistics.median(ratios)
 
 
-def sustained_ms(fn, seconds: float = SUSTAIN_S, give_up_ms: float | None = None, warmup: int = 3, timed=None,
+def sustained_ms(fn, seconds: float = SUSTAIN_S, give_up_ms: float | None = None, warmup: int = 3,
                  batch_ms=None, settle_s: float = SETTLE_S, sync=None, clock=time.perf_counter, batch: int = 10) -> float:
     """fn's time per call replayed back to back: `warmup` untimed runs (a process's first call binds and
     loads its kernels), one timed run (over give_up_ms: that time, no more), settle_s of back-to-back
-    runs, then batches of `batch` calls between two CUDA events, no L2 flush between them, until
-    `seconds` have passed; the batches' total time over their calls.
+    runs, then batches of `batch` calls between two CUDA events, no L2 flush anywhere, until `seconds`
+    have passed; the batches' total time over their calls.
     batch_ms(fn, n) -> ms of n calls (default: CUDA events); tests pass their own."""
-    timed = timed or _cuda_timer()
+    batch_ms = batch_ms or _events_ms
     for _ in range(warmup):
         fn()
-    first = timed(fn)
+    first = batch_ms(fn, 1)
     if give_up_ms is not None and first > give_up_ms:
         return first
     settle([fn], settle_s, sync)
-    batch_ms = batch_ms or _cuda_batch_timer()
     total, calls, start = 0.0, 0, clock()
     while calls == 0 or clock() - start < seconds:
         total += batch_ms(fn, batch)
@@ -106,18 +105,16 @@ def sustained_ms(fn, seconds: float = SUSTAIN_S, give_up_ms: float | None = None
     return total / calls
 
 
-def _cuda_batch_timer():
+def _events_ms(fn, n: int = 1) -> float:
+    """ms of n back-to-back calls of fn, between two CUDA events."""
     import torch
-
-    def batch_ms(fn, n: int) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(n):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-    return batch_ms
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def _cuda_sync() -> None:
@@ -131,10 +128,5 @@ def _cuda_timer():
 
     def timed(fn) -> float:
         flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
+        return _events_ms(fn)
     return timed

@@ -102,8 +102,8 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
     gemms = [k for k in program.kernels if k.kind == "gemm"]
     for kernel in gemms:
         round_trials = _trials(program, sizes, kernel, limit, best)
-        units = {u.name + u.source: u for t in round_trials if t.why is None for u in t.units}
-        report(f"{kernel.name}: building {len(units)} kernel(s) for {len(round_trials)} configuration(s)")
+        report(f"{kernel.name}: building {len(kernels_of(round_trials))} kernel(s) for {len(round_trials)} "
+               "configuration(s)")
         _build_each(builder, round_trials)
         give_up["ms"] = None
         reference.update(prog=None, ms=None)
@@ -199,6 +199,11 @@ def build_candidates(path_or_source: str, sizes: dict[str, int], limit: int = 6,
         if all(t.why for t in ts):
             raise EpicError(_no_candidate(gemm, ts, "built"))
     return trials
+
+
+def kernels_of(trials: list[Trial]) -> dict:
+    """The distinct kernel units of the trials the plan accepted (launch options share one kernel)."""
+    return {u.name + u.source: u for t in trials if t.why is None for u in t.units}
 
 
 def _build_each(builder, trials: list[Trial]) -> None:
