@@ -221,6 +221,30 @@ class HalfWidthD(TileStore):
         return _tile_of(ctx, s, Fraction(1, 2), SIXTEEN_BIT + (dtypes.F32,))
 
 
+class HalfWidthPairD(TileStore):
+    """The kernel's one store, half as wide as the accumulator in a 16-bit type: its own node stores it
+    with stmatrix into the collective's (otherwise unused) D staging buffer and a TMA store of [M, N/2]
+    (templates/nodes/epic_nodes/half_width_pair_store.hpp). D is void; its staging buffer is of bytes,
+    one per accumulator column, exactly the half-width subtile. With other stores in the kernel the
+    buffer is not the node's alone: HalfWidthD takes the store then."""
+    role = "root"
+    covers = ("a tile half as wide as the accumulator (swiglu) in bf16 or f16, the gemm's only output "
+              "(stmatrix and TMA store)")
+    benefit = 23      # before HalfWidthD's bytes through the collective
+
+    @classmethod
+    def matches(cls, ctx, s) -> bool:
+        return len(ctx.k.stores) == 1 and _tile_of(ctx, s, Fraction(1, 2), SIXTEEN_BIT)
+
+    @classmethod
+    def aux_bytes(cls, ctx, s) -> float | None:
+        return cls.staged_bytes(ctx, s)     # the void D's bytes: one per accumulator column
+
+    @classmethod
+    def smem_bytes(cls, ctx, s, epi: EpilogueTiling) -> float:
+        return 0.0                          # it writes the void D's staging buffer
+
+
 class DoubleWidthD(TileStore):
     role = "root"
     writes_d = True
@@ -430,7 +454,7 @@ class BlockReduceScale(TileStore):
 LEAVES: list[type[Pattern]] = [AccFetch, ScalarBroadcast, AuxLoad, PeriodicRowBroadcast, RowBroadcast, ColBroadcast,
                                DoubleWidthLoad, HalfWidthLoad, Coordinate]
 ROOTS: list[type[Pattern]] = [BlockScaleD, BlockScaleInt4, BlockScaleHalfWidth, BlockReduceScale, DStore, HalfWidthD,
-                              DoubleWidthD]
+                              HalfWidthPairD, DoubleWidthD]
 STORES: list[type[Pattern]] = [AuxStore, E8m0Store, HalfWidthAux, DoubleWidthAux, PackedInt4Store, RowPartial,
                                ColPartial, RowLsePartial]
 

@@ -691,6 +691,28 @@ struct PackedInt4Store : Node {
 };
 
 
+// epic_nodes::Sm90HalfWidthPairStore<Element>: column pair (2k, 2k + 1) of a row carries one value
+// (element 2k), stored as Element at ptr[m * (N / 2) + n / 2]; in-bounds pairs only. The device
+// exchanges values within each lane quad and stores with stmatrix and TMA; the values and where
+// they land are these.
+template <class Element>
+struct HalfWidthPairStore : Node {
+  struct Arguments {
+    Element* ptr = nullptr;
+  };
+  Arguments args;
+  HalfWidthPairStore(Arguments const& a, Problem p) : Node{p}, args(a) {}
+  template <class T>
+  Frag<T> visit(Fragment const& f, Frag<T> const& in) const {
+    if (args.ptr == nullptr) return in;
+    for (int i = 0; i + 1 < kFrag; i += 2) {
+      if (!f.inside[i]) continue;
+      args.ptr[size_t(f.m[i]) * (problem.N / 2) + f.n[i] / 2] = convert<Element>(float(in[i]));
+    }
+    return in;
+  }
+};
+
 // epic_nodes::Sm90BlockScale<Block, ElementScale, Pow2, ScaleLayout, Output>: the root, quantizing its
 // child x in 1 x Block row segments: s = max(amax of |x| over the segment's valid elements, floor) /
 // qmax (rounded up to a power of two if Pow2); the scale stored as ElementScale (layout 0: [m *

@@ -110,6 +110,9 @@ EMULATIONS: dict[str, Emulation] = {
     "epic_nodes::Sm90PeriodicRowBroadcast": Emulation(_custom("PeriodicRowBroadcast", 1), {0: "row"}),
     "epic_nodes::Sm90RowLsePartial": Emulation(_custom("RowLsePartial", 1), {0: "row_partial"}),
     "epic_nodes::Sm90PackedInt4Store": Emulation(_custom("PackedInt4Store", 0), {0: "int4_store"}),
+    # its second template argument (the subtile) only shapes the device's shared-memory staging
+    "epic_nodes::Sm90HalfWidthPairStore": Emulation(lambda node: f"hostsim::HalfWidthPairStore<{_args(node, 2)[0]}>",
+                                                    {0: "aux_store"}),
     "epic_nodes::Sm90BlockScale": Emulation(_custom("BlockScale", 5), {0: "block_scale", 3: ("int4_store", "byte_store"),
                                                                        4: "pair_slots"}),
     "epic_nodes::Sm90BlockReduceScale": Emulation(_custom("BlockReduceScale", 4), {0: "block_scale", 1: "pair_slots"}),

@@ -14,13 +14,14 @@ from ...plan.epilogue import LEAVES, ROOTS, STORES
 from .base import Node, NodeImpl, Pointer, Scalar
 from .leaves import AccFetch, AuxLoad, ColBroadcast, HalfWidthLoad, RowBroadcast, ScalarBroadcast
 from .custom import BlockReduceScale, BlockScaleD, BlockScaleHalfWidth, BlockScaleInt4, Coordinate, PackedInt4Store, PeriodicRowBroadcast, RowLsePartial
-from .packed import DoubleWidthAux, DoubleWidthD, DoubleWidthLoad, HalfWidthAux, HalfWidthD
+from .packed import DoubleWidthAux, DoubleWidthD, DoubleWidthLoad, HalfWidthAux, HalfWidthD, HalfWidthPairD
 from .stores import AuxStore, ColPartial, DStore, E8m0Store, RowPartial
 
 # each pattern's emitter: the pattern is the emitter's first base
 EMITTERS: dict[type, type[NodeImpl]] = {impl.__mro__[1]: impl for impl in (
     AccFetch, ScalarBroadcast, AuxLoad, PeriodicRowBroadcast, RowBroadcast, ColBroadcast, DoubleWidthLoad, Coordinate,
-    HalfWidthLoad, BlockScaleD, BlockScaleInt4, BlockScaleHalfWidth, BlockReduceScale, DStore, HalfWidthD, DoubleWidthD,
+    HalfWidthLoad, BlockScaleD, BlockScaleInt4, BlockScaleHalfWidth, BlockReduceScale, DStore, HalfWidthD, HalfWidthPairD,
+    DoubleWidthD,
     AuxStore, E8m0Store, HalfWidthAux, DoubleWidthAux, PackedInt4Store, RowPartial, ColPartial, RowLsePartial)}
 assert set(EMITTERS) == set(LEAVES + ROOTS + STORES), "a pattern without an emitter, or the reverse"
 

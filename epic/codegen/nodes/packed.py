@@ -3,8 +3,9 @@ accumulator's width (nothing is copied; the caller's tensors are used as they ar
 
 Each column pair (2k, 2k+1) of the accumulator sits in one thread's registers, so a pairwise map
 is local; only the memory traffic changes width:
-- a tile half as wide as the accumulator (swiglu: [M, N/2]) of a 16-bit type is stored as an
-  [M, N] tile of bytes: pair k writes the low and the high byte of its one value (f32: two uint16
+- a tile half as wide as the accumulator (swiglu: [M, N/2]) of a 16-bit type, the gemm's only store,
+  goes out through a node of its own (HalfWidthPairD: stmatrix, TMA store). Otherwise it is stored
+  as an [M, N] tile of bytes: pair k writes the low and the high byte of its one value (f32: two uint16
   half-words). The bytes land exactly where the [M, N/2] tensor's elements are.
 - a tile twice as wide (swiglu_bwd's [M, 2N]) of a 16-bit type is loaded or stored as an [M, N]
   tile of floats, each holding the bits of two adjacent 16-bit values (low half = even column).
@@ -41,6 +42,21 @@ class HalfWidthD(pat.HalfWidthD, NodeImpl):
         t = b.tensors[s.tensor]
         element, bits, pack = _split_half(t)
         return emit_d(cls, b, s, element, bits, pack, f"[M, N/2] {t.dtype} seen as [M, N] {element}")
+
+
+class HalfWidthPairD(pat.HalfWidthPairD, NodeImpl):
+    """Each pair carries its one value on both columns; the node stores element 2k of each pair."""
+    header = "epic_nodes/half_width_pair_store.hpp"
+
+    @classmethod
+    def emit(cls, b, s) -> int:
+        t = b.tensors[s.tensor]
+        T = t.dtype.cutlass
+        src = b.compute(s.value, t.dtype, pack=lambda parts: (parts[0], parts[0]))
+        p = b.pointer("aux_store", t.name, t.dtype, f"[M, N/2] {t.dtype} (stmatrix, TMA store)")
+        b.aux_elements.append("uint8_t")      # the void D's staging buffer holds the half-width subtile
+        return b.add(cls, f"epic_nodes::Sm90HalfWidthPairStore<{T}, typename EpiDesc::EpilogueTile>",
+                     f"{{static_cast<{T}*>({p})}}", [src], f"store tile {t.name} (half width, stmatrix)")
 
 
 class HalfWidthAux(pat.HalfWidthAux, NodeImpl):
