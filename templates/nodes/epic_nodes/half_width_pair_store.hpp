@@ -6,14 +6,16 @@
 //
 // Why: through the collective the half-width tile can only go out as an [M, N] tile of bytes (two
 // bytes per pair), which shared memory takes as one 16-bit store per value. Here a quad of lanes
-// exchanges its values (2 shuffles + 2 byte permutes per two registers) so that each lane holds two
-// adjacent outputs, as stmatrix wants them: 4x fewer shared-memory store instructions.
+// exchanges its values (2 shuffles, 2 selects and 2 byte permutes per two registers) so that each lane
+// holds two adjacent outputs, as stmatrix wants them: one stmatrix.x4 stores 8 values a lane, 8x
+// fewer shared-memory store instructions.
 //
 // The lane of an sm90 wgmma accumulator quad (q = lane % 4, g = lane / 4) holds, in each 8-column block
 // j of its rows g and g + 8, the pair (8j + 2q, 8j + 2q + 1): output column 4j + q. Of two blocks
 // (2b, 2b + 1), lane q packs W0 = (row g, row g + 8) of block 2b and W1 the same of block 2b + 1, sends
 // one of them in each of two shuffles, and ends with R0 = (8b + 2q, 8b + 2q + 1) of row g and R1 of row
-// g + 8, the registers of an 8x8 stmatrix tile; four such tiles go out in one stmatrix.x4. The fragment order this relies on (element 4j + 2h + c
+// g + 8, the registers of an 8x8 stmatrix tile; four such tiles go out in one stmatrix.x4 (two in an
+// x2 where a subtile has an odd number of them). The fragment order this relies on (element 4j + 2h + c
 // = row g + 8h, column 8j + 2q + c) is asserted at compile time from the partition's coordinates.
 //
 // Shared memory: the collective's D staging buffer of the current store stage, which reduce() hands to
