@@ -97,7 +97,7 @@ def test_nvcc_compiles_the_node_in_the_x4_and_x2_forms(tmp_path, options, form):
     assert ".local" not in ptx
 
 
-ADDRESS_CHECK = r"""
+HOST_CHECK = r"""
 #include <cstdio>
 #include "epic_nodes/half_width_pair_store.hpp"
 using namespace cute;
@@ -119,20 +119,53 @@ int check() {
          EpiM * EpiN / 2, moved, naive);
   return bad != 0;
 }
+// __byte_perm: result byte i is byte (selector nibble i & 7) of {y:x}
+uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+  uint64_t v = (uint64_t(y) << 32) | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= uint32_t((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+}
+// the quad exchange with shuffles played on the host: every lane must end with the stmatrix registers
+// of its rows, outputs 2q and 2q + 1 of the 8-column block (tags stand for the values)
+int check_exchange() {
+  using Node = epic_nodes::Sm90HalfWidthPairStore<cutlass::bfloat16_t, Shape<_64, _64>>;
+  auto tag = [](int g, int h, int c) { return uint32_t(g * 64 + h * 8 + c + 1); };   // row g + 8h, column c
+  uint32_t W0[32], W1[32];
+  for (int l = 0; l < 32; ++l) {           // lane q holds output columns q (block 2b) and q + 4 (block 2b + 1)
+    int g = l / 4, q = l % 4;
+    W0[l] = tag(g, 0, q) | tag(g, 1, q) << 16;
+    W1[l] = tag(g, 0, q + 4) | tag(g, 1, q + 4) << 16;
+  }
+  int bad = 0;
+  for (int l = 0; l < 32; ++l) {
+    int g = l / 4, q = l % 4;
+    auto x = Node::exchange_for(l);
+    bad += (x.src1 & ~3) != (l & ~3) || (x.src2 & ~3) != (l & ~3);     // shuffles stay within the quad
+    uint32_t s1 = Node::exchange_for(x.src1).send_w1_first ? W1[x.src1] : W0[x.src1];
+    uint32_t s2 = Node::exchange_for(x.src2).send_w1_first ? W0[x.src2] : W1[x.src2];
+    bad += byte_perm(s1, s2, x.sel_lo) != (tag(g, 0, 2 * q) | tag(g, 0, 2 * q + 1) << 16);
+    bad += byte_perm(s1, s2, x.sel_hi) != (tag(g, 1, 2 * q) | tag(g, 1, 2 * q + 1) << 16);
+  }
+  printf("exchange: %d of 96 checks wrong\n", bad);
+  return bad != 0;
+}
 int main() {
   return check<cutlass::bfloat16_t, 64, 64>() + check<cutlass::half_t, 64, 32>() + check<cutlass::bfloat16_t, 128, 32>()
-       + check<cutlass::bfloat16_t, 64, 16>();
+       + check<cutlass::bfloat16_t, 64, 16>() + check_exchange();
 }
 """
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_the_stmatrix_addresses_are_where_the_tma_store_reads(tmp_path):
-    """The layout's swizzle acts on byte addresses; applied to element offsets it put rows 2-7 of each
-    8-row group in the wrong 16-byte chunks (the H100 run that found it: rows 0 and 1 right, 12246 of
-    16384 SwiGLU outputs off). Host code: the node's addresses against the TMA store's view."""
+def test_the_exchange_and_the_stmatrix_addresses_on_the_host(tmp_path):
+    """Host code of the node's two pieces of index arithmetic. The quad exchange, its shuffles played
+    on the host: each lane ends with outputs 2q, 2q + 1 of its rows. The stmatrix addresses against
+    the TMA store's view of the stage: the layout's swizzle acts on byte addresses; applied to element
+    offsets it put rows 2-7 of each 8-row group in the wrong 16-byte chunks (the H100 run that found
+    it: rows 0 and 1 right, 12246 of 16384 SwiGLU outputs off)."""
     src = tmp_path / "check.cu"
-    src.write_text(ADDRESS_CHECK)
+    src.write_text(HOST_CHECK)
     _, includes = build.cutlass_paths()
     nodes = ROOT / "templates" / "nodes"
     exe = tmp_path / "check"
@@ -142,6 +175,7 @@ def test_the_stmatrix_addresses_are_where_the_tma_store_reads(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count(" 0 of ") == 4, out.stdout
+    assert out.stdout.count(" 0 of ") == 5, out.stdout
     # the check can fail: the 64-column subtile is swizzled, and the first version's addresses were wrong
     assert "64x64: 0 of 2048 addresses differ from the TMA's, 1536 swizzled, 1536 naive wrong" in out.stdout, out.stdout
+    assert "exchange: 0 of 96 checks wrong" in out.stdout, out.stdout

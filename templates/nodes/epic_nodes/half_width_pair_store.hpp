@@ -54,6 +54,23 @@ struct Sm90HalfWidthPairStore : detail::NoWorkspaceNoLoads {
     return &sHalf(row, col);
   }
 
+  // One lane's part in the quad exchange (q = lane % 4). Shuffle 1 sends W1 from odd lanes (W0 from
+  // even ones) and reads lane [0, 2, 1, 3][q] of the quad; shuffle 2 sends the other word and reads
+  // [1, 3, 0, 2][q]; the byte permutes of the two words read give the row-g and row-(g + 8) registers
+  // (lanes 2 and 3 get their two columns in the other order).
+  struct Exchange {
+    int src1, src2;            // the lanes shuffles 1 and 2 read
+    bool send_w1_first;        // shuffle 1 sends W1 (shuffle 2 then W0)
+    uint32_t sel_lo, sel_hi;   // byte selectors of (s1, s2): row g, row g + 8
+  };
+
+  CUTE_HOST_DEVICE static constexpr Exchange
+  exchange_for(int lane) {
+    int q = lane % 4, quad = lane & ~3;
+    int first = (q >> 1) | ((q & 1) << 1);
+    return {quad | first, quad | (first ^ 1), (q & 1) != 0, q < 2 ? 0x5410u : 0x1054u, q < 2 ? 0x7632u : 0x3276u};
+  }
+
   struct SharedStorage {};
 
   struct Arguments {
@@ -151,13 +168,7 @@ struct Sm90HalfWidthPairStore : detail::NoWorkspaceNoLoads {
 
       int lane = int(threadIdx.x) % 32;
       int q = lane % 4, g = lane / 4;
-      // shuffle 1 sends W1 from odd lanes (W0 from even ones) and reads lane [0, 2, 1, 3][q]; shuffle 2
-      // the other word from [1, 3, 0, 2][q]; lanes 2 and 3 get their two columns in the other order
-      int quad = lane & ~3;
-      int src1 = quad | ((q >> 1) | ((q & 1) << 1));
-      int src2 = quad | (((q >> 1) | ((q & 1) << 1)) ^ 1);
-      uint32_t sel_lo = q < 2 ? 0x5410u : 0x1054u;
-      uint32_t sel_hi = q < 2 ? 0x7632u : 0x3276u;
+      Exchange const x = exchange_for(lane);
       int r_sub = row0 - epi_m * EpiM - g;      // + a block's row offset: the first row of its 8x8 tile
       int c_sub = col0 - epi_n * EpiN - 2 * q;  // + a block's column offset: its first accumulator column
       Tensor tC_mn = tCcD(_,_,_,epi_m,epi_n);
@@ -176,11 +187,11 @@ struct Sm90HalfWidthPairStore : detail::NoWorkspaceNoLoads {
         auto p1 = convert(w1);
         uint32_t W0 = reinterpret_cast<uint32_t const&>(p0);
         uint32_t W1 = reinterpret_cast<uint32_t const&>(p1);
-        uint32_t s1 = __shfl_sync(0xffffffffu, (q & 1) ? W1 : W0, src1);
-        uint32_t s2 = __shfl_sync(0xffffffffu, (q & 1) ? W0 : W1, src2);
+        uint32_t s1 = __shfl_sync(0xffffffffu, x.send_w1_first ? W1 : W0, x.src1);
+        uint32_t s2 = __shfl_sync(0xffffffffu, x.send_w1_first ? W0 : W1, x.src2);
         int slot = (u % 2) * 2;
-        regs[slot] = __byte_perm(s1, s2, sel_lo);       // row g:     outputs 8b + 2q, 8b + 2q + 1
-        regs[slot + 1] = __byte_perm(s1, s2, sel_hi);   // row g + 8
+        regs[slot] = __byte_perm(s1, s2, x.sel_lo);       // row g:     outputs 8b + 2q, 8b + 2q + 1
+        regs[slot + 1] = __byte_perm(s1, s2, x.sel_hi);   // row g + 8
         auto c = tC_mn(e);
         rows[slot] = r_sub + int(get<0>(c));
         rows[slot + 1] = rows[slot] + 8;
