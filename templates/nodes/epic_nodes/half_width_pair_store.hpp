@@ -175,7 +175,7 @@ struct Sm90HalfWidthPairStore : detail::NoWorkspaceNoLoads {
 
       cutlass::NumericArrayConverter<Element, float, 2> convert;
       uint32_t regs[4];
-      int rows[4], cols[4];
+      int rows[4], cols[2];       // the four tiles' first rows; each block's first output column
       CUTLASS_PRAGMA_UNROLL
       for (int u = 0; u < NumElements / 8; ++u) {
         auto value = [&](int e) { return float(visit_results(e / FragmentSize)[e % FragmentSize]); };
@@ -195,7 +195,7 @@ struct Sm90HalfWidthPairStore : detail::NoWorkspaceNoLoads {
         auto c = tC_mn(e);
         rows[slot] = r_sub + int(get<0>(c));
         rows[slot + 1] = rows[slot] + 8;
-        cols[slot] = cols[slot + 1] = (c_sub + int(get<1>(c))) / 2;   // the block's first output column
+        cols[u % 2] = (c_sub + int(get<1>(c))) / 2;
         if (u % 2 == 0 && u == NumElements / 8 - 1) {
           // an odd number of blocks: the last two tiles alone (lanes 0-15 give the addresses)
           int row = (lane / 8 % 2 == 0 ? rows[0] : rows[1]) + lane % 8;
@@ -207,7 +207,7 @@ struct Sm90HalfWidthPairStore : detail::NoWorkspaceNoLoads {
           // lane l gives the address of row l % 8 of tile l / 8
           int t = lane / 8;
           int row = (t == 0 ? rows[0] : t == 1 ? rows[1] : t == 2 ? rows[2] : rows[3]) + lane % 8;
-          int col = t < 2 ? cols[0] : cols[2];
+          int col = t < 2 ? cols[0] : cols[1];
           uint32_t addr = cast_smem_ptr_to_uint(element_at(smem, row, col));
           asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], { %1, %2, %3, %4 };\n"
                        :: "r"(addr), "r"(regs[0]), "r"(regs[1]), "r"(regs[2]), "r"(regs[3]));
