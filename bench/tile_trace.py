@@ -17,6 +17,9 @@ run, whose outputs are checked against the untraced program's, bit for bit (exit
   handoff     from one warp group's mma() returning to the other's mma() entered, tile after tile (pingpong)
   tensor idle per tile: the CTA's span minus the union of its [data, drain] intervals, over its tiles
   producer lead  from the producer starting a tile's loads to that tile's turn on the tensor cores
+  last tile's epilogue  the epilogue of each CTA's last tile, the one no later tile hides;
+  after the last k-block  from that tile's k-blocks retiring to its stores' end: what the CTA adds
+              after its tensor cores are done (also in us and as a share of the span)
 The producer's side of each tile, in the order it loads them:
   producer between tiles  from its last TMA load of one tile to entering the next's load(): the
               scheduler's next tile and the loop, run by one warp
@@ -27,7 +30,9 @@ The producer's side of each tile, in the order it loads them:
               operands in shared memory
 Across CTAs (the GPU's global timer, in us): the kernel's span from the first CTA's first tile to the
 last CTA's last epilogue, how far apart the CTAs finish, and the share of the span the average CTA sits
-idle after its last tile (a static persistent kernel's last round, when the tiles do not fill it).
+idle after its last tile (a static persistent kernel's last round, when the tiles do not fill it), and
+the span a dynamic scheduler would have in a model: each tile to the CTA free first, each CTA at its own
+measured time per tile.
 The trace costs a few instructions per phase; time the traced kernel beside the untraced one
 (bench/interleaved.py) before reading small differences into it.
 """
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import heapq
 import json
 import os
 import re
@@ -104,11 +110,30 @@ def cta_summary(wg: list[list[list[int]]], tiles: tuple[int, int], loads: list[l
             lead.append(wg[w][t][MMA_BEGIN] - load[LOAD_BEGIN])
         if t < tiles[w] and load[LOAD_FREE] and wg[w][t][DATA]:
             to_data.append(wg[w][t][DATA] - load[LOAD_FREE])
+    # the CTA's last tile: nothing of its own hides its epilogue (no next tile on the tensor cores)
+    last = turns[-1][1] if turns else None
+    last_epilogue = [last[EPI_STORED] - last[EPI_BEGIN]] if last and last[EPI_BEGIN] and last[EPI_STORED] else []
+    last_end = (last[EPI_END] or last[EPI_STORED]) if last else 0
+    after_tensor = [last_end - last[RETIRED]] if last and last[RETIRED] and last_end else []
     loaded = [v for v in (loads or []) if v[LOAD_BEGIN] and v[LOAD_FREE] and v[LOAD_END]]
     stage_wait = [v[LOAD_FREE] - v[LOAD_BEGIN] for v in loaded]
     between = [b[LOAD_BEGIN] - a[LOAD_END] for a, b in zip(loaded, loaded[1:])]
     return {"phases": merged, "handoffs": handoffs, "idle": idle, "tiles": len(turns), "lead": lead,
-            "between": between, "stage wait": stage_wait, "to data": to_data}
+            "between": between, "stage wait": stage_wait, "to data": to_data, "last epilogue": last_epilogue,
+            "after tensor": after_tensor}
+
+
+def first_free_span(starts: list[float], periods: list[float], tiles: int) -> float:
+    """A model of a dynamic scheduler: the span if each tile in turn went to the CTA free first, each
+    CTA taking its own measured time per tile (its SM's pace) from its own first tile's start."""
+    heap = [(s, c) for c, s in enumerate(starts)]
+    heapq.heapify(heap)
+    ends = list(starts)
+    for _ in range(tiles):
+        t, c = heapq.heappop(heap)
+        ends[c] = t + periods[c]
+        heapq.heappush(heap, (ends[c], c))
+    return max(ends) - min(starts)
 
 
 def across_ctas(cta, ctas: int) -> dict:
@@ -123,7 +148,10 @@ def across_ctas(cta, ctas: int) -> dict:
     # each SM's clock rate over the CTA's run: its clock64 and the global timer read together twice
     rates = [(cta[c][LAST_CLOCK] - cta[c][CLOCK]) / (cta[c][LAST_NS] - cta[c][GLOBAL_NS]) for c in ran
              if cta[c][LAST_NS] > cta[c][GLOBAL_NS]]
+    starts = [cta[c][GLOBAL_NS] for c in ran]
+    periods = [(e - b) / n for e, b, n in zip(ends, starts, tiles)]
     return {"span us": span / 1e3, "end spread us": (max(ends) - min(ends)) / 1e3,
+            "first-free span us": first_free_span(starts, periods, sum(tiles)) / 1e3,
             "tail share": sum(max(ends) - e for e in ends) / len(ends) / span if span > 0 else 0.0,
             "tiles per CTA": (min(tiles), max(tiles)), "clock GHz": statistics.median(rates) if rates else None}
 
@@ -136,6 +164,7 @@ def summarize(wg, cta, ctas: int, k_blocks: int | None = None, cycles_per_block:
     handoffs: list[int] = []
     lead: list[int] = []
     producer = {"between": [], "stage wait": [], "to data": []}
+    last = {"last epilogue": [], "after tensor": []}
     idle_per_tile: list[float] = []
     tiles = 0
     for c in range(ctas):
@@ -149,6 +178,8 @@ def summarize(wg, cta, ctas: int, k_blocks: int | None = None, cycles_per_block:
         lead += s["lead"]
         for key in producer:
             producer[key] += s[key]
+        for key in last:
+            last[key] += s[key]
         if s["tiles"]:
             idle_per_tile.append(s["idle"] / s["tiles"])
         tiles += s["tiles"]
@@ -158,7 +189,9 @@ def summarize(wg, cta, ctas: int, k_blocks: int | None = None, cycles_per_block:
            "idle per tile": quartiles(idle_per_tile), "producer lead": quartiles(lead),
            "producer between tiles": quartiles(producer["between"]),
            "first stage wait": quartiles(producer["stage wait"]),
-           "first load to data": quartiles(producer["to data"])}
+           "first load to data": quartiles(producer["to data"]),
+           "last tile's epilogue": quartiles(last["last epilogue"]),
+           "after the last k-block": quartiles(last["after tensor"])}
     if k_blocks:
         issue = [v / k_blocks for v in phase_values["issue"]]
         out["issue per k-block"] = quartiles(issue)
@@ -171,7 +204,8 @@ def report(name: str, s: dict) -> list[str]:
     lines = [f"{name}: {s['ctas']} CTAs, {s['tiles']} tiles; cycles, median [quartiles]"]
     rows = [*((p, s["phases"][p]) for p in PHASES), ("handoff", s["handoff"]), ("idle per tile", s["idle per tile"]),
             ("producer lead", s["producer lead"]), ("producer between tiles", s["producer between tiles"]),
-            ("first stage wait", s["first stage wait"]), ("first load to data", s["first load to data"])]
+            ("first stage wait", s["first stage wait"]), ("first load to data", s["first load to data"]),
+            ("last tile's epilogue", s["last tile's epilogue"]), ("after the last k-block", s["after the last k-block"])]
     if "issue per k-block" in s:
         rows.append(("issue per k-block", s["issue per k-block"]))
     for label, (q1, mid, q3) in rows:
@@ -184,6 +218,12 @@ def report(name: str, s: dict) -> list[str]:
                      f"idle after the last tile {a['tail share']:.1%} of the span on average, "
                      f"{a['tiles per CTA'][0]}-{a['tiles per CTA'][1]} tiles per CTA"
                      + (f", SM clock {a['clock GHz']:.2f} GHz" if a.get("clock GHz") else ""))
+        lines.append(f"  the same tiles each given to the CTA free first, at each CTA's own pace per tile (a model of "
+                     f"a dynamic scheduler): span {a['first-free span us']:.1f} us")
+        tail = s["after the last k-block"][1]
+        if a.get("clock GHz") and a["span us"] > 0 and tail == tail:
+            lines.append(f"  after a CTA's last k-block (median): {tail / a['clock GHz'] / 1e3:.1f} us, "
+                         f"{tail / a['clock GHz'] / 1e3 / a['span us']:.1%} of the span")
     return lines
 
 

@@ -71,7 +71,12 @@ def test_the_summary_skips_ctas_that_recorded_nothing_and_reports_per_k_block():
     lines = tt.report("plain", s)
     assert lines[0] == "plain: 1 CTAs, 4 tiles; cycles, median [quartiles]"
     assert lines[2].split() == ["data", "30", "[10-105]"]
-    assert lines[-2].split() == ["peak", "per", "k-block", "400"]
+    assert lines[-4].split() == ["peak", "per", "k-block", "400"]
+    # the CTA's last tile is WG1's second (it took the tensor cores last): epilogue 3950 -> 4300, and
+    # 4400 - 3900 from its k-blocks retiring to its stores' end; 500 cycles at 1.05 GHz of a 4 us span
+    assert s["last tile's epilogue"] == (350.0, 350.0, 350.0)
+    assert s["after the last k-block"] == (500.0, 500.0, 500.0)
+    assert lines[-1] == "  after a CTA's last k-block (median): 0.5 us, 11.9% of the span"
 
 
 def test_a_tile_whose_later_phases_were_not_reached_counts_only_those_it_reached():
@@ -79,6 +84,9 @@ def test_a_tile_whose_later_phases_were_not_reached_counts_only_those_it_reached
     cut = [[100, 150, 1000, 0, 0, 0, 0]]      # the kernel was stopped after issuing
     p = tt.phases(cut)
     assert p["data"] == [50] and p["issue"] == [850] and p["drain"] == [] and p["epilogue"] == []
+    wg = [[cut[0], [0] * 7], [[0] * 7, [0] * 7]]
+    s = tt.cta_summary(wg, (1, 0))
+    assert s["last epilogue"] == [] and s["after tensor"] == []     # its last tile never retired
 
 
 def test_k_blocks_and_peak_cycles_come_from_the_kernel_name():
@@ -93,13 +101,20 @@ def test_k_blocks_and_peak_cycles_come_from_the_kernel_name():
 def test_across_ctas_the_span_the_spread_of_their_ends_and_the_idle_tail():
     tt = bench_module("tile_trace")
     wg, loads, cta, ctas = buffer()
-    assert tt.across_ctas(cta, ctas) == {"span us": 4.0, "end spread us": 0.0, "tail share": 0.0,
-                                         "tiles per CTA": (4, 4), "clock GHz": 1.05}   # 4200 cycles in 4 us
+    assert tt.across_ctas(cta, ctas) == {"span us": 4.0, "end spread us": 0.0, "first-free span us": 4.0,
+                                         "tail share": 0.0, "tiles per CTA": (4, 4),
+                                         "clock GHz": 1.05}   # 4200 cycles in 4 us
     cta[2][1:8] = [5_400, 100, 1, 2, 3, 7_000, 3_000]          # a CTA of 3 tiles, done 2 us before the other
     a = tt.across_ctas(cta, ctas)
     assert (a["span us"], a["end spread us"], a["tiles per CTA"]) == (4.0, 2.0, (3, 4))
     assert a["clock GHz"] == (1.05 + 1.8125) / 2              # the other SM: 2900 cycles in 1.6 us
     assert a["tail share"] == 0.25                              # (0 + 2 us) / 2 CTAs / 4 us
-    assert tt.report("k", tt.summarize(wg, cta, ctas))[-1] == (
+    # first free: CTA 1 (1 us a tile from 5 us) and CTA 2 (0.533 us from 5.4 us) share the 7 tiles 3 / 4,
+    # the last ending at 8 us: 3 us from the first start instead of 4
+    assert abs(a["first-free span us"] - 3.0) < 1e-9
+    lines = tt.report("k", tt.summarize(wg, cta, ctas))
+    assert lines[-2] == ("  the same tiles each given to the CTA free first, at each CTA's own pace per tile (a model "
+                         "of a dynamic scheduler): span 3.0 us")
+    assert lines[-3] == (
         "  across CTAs: span 4.0 us, ends 2.0 us apart, idle after the last tile 25.0% of the span on average, "
         "3-4 tiles per CTA, SM clock 1.43 GHz")
