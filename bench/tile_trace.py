@@ -42,6 +42,7 @@ import argparse
 import ctypes
 import heapq
 import json
+import math
 import os
 import re
 import statistics
@@ -221,7 +222,7 @@ def report(name: str, s: dict) -> list[str]:
         lines.append(f"  the same tiles each given to the CTA free first, at each CTA's own pace per tile (a model of "
                      f"a dynamic scheduler): span {a['first-free span us']:.1f} us")
         tail = s["after the last k-block"][1]
-        if a.get("clock GHz") and a["span us"] > 0 and tail == tail:
+        if a.get("clock GHz") and a["span us"] > 0 and not math.isnan(tail):     # nan: no CTA's last tile retired
             lines.append(f"  after a CTA's last k-block (median): {tail / a['clock GHz'] / 1e3:.1f} us, "
                          f"{tail / a['clock GHz'] / 1e3 / a['span us']:.1%} of the span")
     return lines
