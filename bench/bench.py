@@ -318,6 +318,8 @@ WORK = {
     "plain_ffn": ("bench/programs/plain.epi", lambda m: w_plain(m, DFF)),
     "plain_gate_up": ("bench/programs/plain.epi", lambda m: w_plain(m, 2 * DFF)),
     "plain_vocab": ("bench/programs/plain.epi", lambda m: w_plain(m, VOCAB)),
+    # the MLP block's down gemm (K = F, N = D): on an H100 the default tile there loses most back to back
+    "plain_down": ("bench/programs/plain.epi", lambda m: w_plain(m, D, DFF)),
     # N = K = 4096's 32 MB of weights as K / 2 x 2 N and K / 4 x 4 N: a decode gemm's time with its
     # K split over 2 or 4 times the CTAs (what a split-K inside a cluster would read per CTA)
     "plain_k2048": ("bench/programs/plain.epi", lambda m: w_plain(m, 2 * D, D // 2)),
@@ -363,6 +365,7 @@ DIMS = {
     "plain_ffn": lambda m: dict(M=m, K=D, N=DFF),
     "plain_gate_up": lambda m: dict(M=m, K=D, N=2 * DFF),
     "plain_vocab": lambda m: dict(M=m, K=D, N=VOCAB),
+    "plain_down": lambda m: dict(M=m, K=DFF, N=D),
     "xent_lse_only": lambda m: dict(M=m, D=D, V=VOCAB),
     "xent_pick_only": lambda m: dict(M=m, D=D, V=VOCAB),
     "plain_k2048": lambda m: dict(M=m, K=D // 2, N=2 * D),
