@@ -164,8 +164,8 @@ def summarize(wg, cta, ctas: int, k_blocks: int | None = None, cycles_per_block:
     phase_values: dict[str, list[int]] = {p: [] for p in PHASES}
     handoffs: list[int] = []
     lead: list[int] = []
-    producer = {"between": [], "stage wait": [], "to data": []}
-    last = {"last epilogue": [], "after tensor": []}
+    # per-CTA lists pooled over CTAs: the producer's side and each CTA's last tile
+    pooled = {"between": [], "stage wait": [], "to data": [], "last epilogue": [], "after tensor": []}
     idle_per_tile: list[float] = []
     tiles = 0
     for c in range(ctas):
@@ -177,10 +177,8 @@ def summarize(wg, cta, ctas: int, k_blocks: int | None = None, cycles_per_block:
             phase_values[p] += s["phases"][p]
         handoffs += s["handoffs"]
         lead += s["lead"]
-        for key in producer:
-            producer[key] += s[key]
-        for key in last:
-            last[key] += s[key]
+        for key in pooled:
+            pooled[key] += s[key]
         if s["tiles"]:
             idle_per_tile.append(s["idle"] / s["tiles"])
         tiles += s["tiles"]
@@ -188,11 +186,11 @@ def summarize(wg, cta, ctas: int, k_blocks: int | None = None, cycles_per_block:
            "across CTAs": across_ctas(cta, ctas),
            "phases": {p: quartiles(v) for p, v in phase_values.items()}, "handoff": quartiles(handoffs),
            "idle per tile": quartiles(idle_per_tile), "producer lead": quartiles(lead),
-           "producer between tiles": quartiles(producer["between"]),
-           "first stage wait": quartiles(producer["stage wait"]),
-           "first load to data": quartiles(producer["to data"]),
-           "last tile's epilogue": quartiles(last["last epilogue"]),
-           "after the last k-block": quartiles(last["after tensor"])}
+           "producer between tiles": quartiles(pooled["between"]),
+           "first stage wait": quartiles(pooled["stage wait"]),
+           "first load to data": quartiles(pooled["to data"]),
+           "last tile's epilogue": quartiles(pooled["last epilogue"]),
+           "after the last k-block": quartiles(pooled["after tensor"])}
     if k_blocks:
         issue = [v / k_blocks for v in phase_values["issue"]]
         out["issue per k-block"] = quartiles(issue)

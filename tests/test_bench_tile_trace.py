@@ -115,7 +115,7 @@ def test_across_ctas_the_span_the_spread_of_their_ends_and_the_idle_tail():
     lines = tt.report("k", tt.summarize(wg, cta, ctas))
     assert lines[-2] == ("  the same tiles each given to the CTA free first, at each CTA's own pace per tile (a model "
                          "of a dynamic scheduler): span 3.0 us")
-    wg[1][1][1][3] = 0                 # the last tile's k-blocks never retired: no such line, no nan printed
+    wg[1][1][1][tt.RETIRED] = 0        # the last tile's k-blocks never retired: no such line, no nan printed
     assert tt.report("k", tt.summarize(wg, cta, ctas))[-1] == lines[-2]
     assert lines[-3] == (
         "  across CTAs: span 4.0 us, ends 2.0 us apart, idle after the last tile 25.0% of the span on average, "
