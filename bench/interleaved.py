@@ -256,6 +256,26 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
     return q[0], statistics.median(xs), q[2]
 
 
+# A candidate whose middle half of rounds spans more than this share of its median: its time has more
+# than one mode (on an H100 the default tile at N = 4096 runs at about 0.99 or about 1.15 of cuBLAS,
+# bench/results/2026-12-06-h100-n4096-second-machine.log), so its median depends on which mode the
+# run happened to see. cuBLAS against itself spans 0.2-0.6%.
+SPREAD = 0.04
+
+
+def spread_notes(ratios: dict) -> list[str]:
+    """A line for each candidate (label -> {"median", "q1", "q3"}) whose quartiles lie wider apart than
+    SPREAD of its median."""
+    notes = []
+    for label, r in ratios.items():
+        width = (r["q3"] - r["q1"]) / r["median"]
+        if width > SPREAD:
+            notes.append(f"  {label}: its rounds' middle half spans {width:.0%} of its median "
+                         f"[{r['q1']:.3f}-{r['q3']:.3f}]: more than one mode; its median depends on the run "
+                         "(compare bench/kernel_times.py and bench/sustained.py)")
+    return notes
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", default="plain")
@@ -300,6 +320,8 @@ def main() -> int:
             results.append(rec)
             line = "  ".join(f"{k}={v['median']:.3f} [{v['q1']:.3f}-{v['q3']:.3f}]" for k, v in rec["ratios"].items())
             print(f"{name:<14}{m:>6}  cublas {rec['cublas_ms']:.4f} ms  {line}", flush=True)
+            for note in spread_notes(rec["ratios"]):
+                print(note, flush=True)
             torch.cuda.empty_cache()
     with open(args.out, "w") as f:
         json.dump({"command": " ".join(sys.argv), "rounds": args.rounds, "results": results}, f, indent=1)

@@ -139,3 +139,19 @@ def test_variant_lists_take_known_labels_and_name_unknown_ones():
     assert bench.variant_list("unfused,,unpicked") == ["unfused", "unpicked"] and bench.variant_list("") == []
     with pytest.raises(argparse.ArgumentTypeError, match="unknown bogus, zzz"):
         bench.variant_list("zzz,unpicked,bogus")
+
+
+def test_a_candidate_whose_rounds_spread_wide_is_named():
+    """The H100's default tile at N = 4096 ran at about 0.99 or about 1.15 of cuBLAS: quartiles
+    [0.985-1.142] around a median of 1.065. Such a candidate gets a line saying its median depends on
+    the run; one as steady as cuBLAS against itself does not."""
+    interleaved = bench_module("interleaved")
+    ratios = {"cublas-again": {"median": 0.999, "q1": 0.997, "q3": 1.001},
+              "default": {"median": 1.065, "q1": 0.985, "q3": 1.142},
+              "coop_128x256x64_c2x1": {"median": 1.014, "q1": 1.012, "q3": 1.017}}
+    notes = interleaved.spread_notes(ratios)
+    assert len(notes) == 1 and notes[0].startswith("  default: its rounds' middle half spans 15% of its median")
+    assert "[0.985-1.142]" in notes[0]
+    # just inside and just outside the limit
+    edge = {"a": {"median": 1.0, "q1": 0.98, "q3": 1.0199}, "b": {"median": 1.0, "q1": 0.98, "q3": 1.0201}}
+    assert [n.split(":")[0].strip() for n in interleaved.spread_notes(edge)] == ["b"]
