@@ -401,9 +401,9 @@ def allow_tile_widths(text: str) -> tuple[int, ...]:
 
 
 def parse_config(key: str) -> dict:
-    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold][_tiles][_serp][_nohint]' -> {'schedule':
+    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold][_tiles][_serp|_dyn][_nohint]' -> {'schedule':
     'cooperative', 'tile': (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler
-    swizzle, raster (m or n), split-K count, combine=fold, trace=tiles, tile_order=serpentine and
+    swizzle, raster (m or n), split-K count, combine=fold, trace=tiles, tile_order=serpentine or dynamic and
     load_hint=none. Without the schedule, tile and cluster ('fold', 'rn', 'rn_s4', 'tiles', 'serp',
     'serp_nohint'): the default configuration with those changes ('rm', 'rn', 's4': the same built kernel)."""
     parts = key.split("_")
@@ -427,6 +427,8 @@ def parse_config(key: str) -> dict:
             cfg["trace"] = "tiles"
         elif extra == "serp":
             cfg["tile_order"] = "serpentine"
+        elif extra == "dyn":
+            cfg["tile_order"] = "dynamic"
         elif extra == "nohint":
             cfg["load_hint"] = "none"
         else:

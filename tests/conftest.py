@@ -54,3 +54,21 @@ def diagnose(text: str, **kw) -> EpicError:
     with pytest.raises(EpicError) as info:
         analyze(text, **kw)
     return info.value
+
+
+def nvcc_host_program(tmp_path_factory, name: str, source: str) -> pathlib.Path:
+    """A CUDA source compiled for the host with nvcc against CUTLASS and epic's node headers (for tests of
+    a header's host-side logic); skips where nvcc is missing. Returns the executable."""
+    import shutil
+    import subprocess
+    from epic.runtime import build
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        pytest.skip("nvcc not installed")
+    d = tmp_path_factory.mktemp(name)
+    (d / "driver.cu").write_text(source)
+    exe = d / "driver"
+    includes = [f"-I{p}" for p in build.cutlass_paths()[1]] + [f"-I{ROOT / 'templates' / 'nodes'}"]
+    subprocess.run([nvcc, "-std=c++17", "-O1", "--expt-relaxed-constexpr", *includes, str(d / "driver.cu"),
+                    "-o", str(exe)], check=True, capture_output=True)
+    return exe

@@ -1,8 +1,12 @@
 """Programs and sizes the GPU tests (tests/test_gpu.py) and the prebuild script (tests/prebuild.py)
 share: every kernel a GPU run needs can be built ahead on a CPU machine."""
+import contextlib
+import os
+
 import torch
 
 from epic import reference
+from epic.plan.config import DYNAMIC_GATE
 
 from .conftest import ROOT
 
@@ -101,6 +105,36 @@ SERPENTINE_CASES = [("samples/residual_rmsnorm.epi", (8191, 392, 200), {}),
                     ("samples/cross_entropy.epi", (8191, 392, 200), {}),
                     ("samples/fp8_block_quant.epi", (8191, 392, 200), {}),
                     ("samples/prenorm_mlp.epi", (8191, 392, 200), {})]
+# tile_order=dynamic (each cluster takes its next tile from a counter): the schedules and clusters the
+# scheduler serves (pingpong and cooperative, 2x1 along N, 1x2, one CTA per cluster at decode sizes),
+# the raster along M, a row statistic with its combine kernel and folded, the pre-norm chain; a grid
+# with fewer tiles than SMs (no counter increments beyond one per cluster)
+DYNAMIC_CASES = [("samples/residual_rmsnorm.epi", (8191, 392, 200), {}),
+                 ("samples/residual_rmsnorm.epi", (8191, 392, 200), {"combine": "fold"}),
+                 ("samples/residual_rmsnorm.epi", (77, 392, 200), {}),
+                 ("samples/residual_rmsnorm.epi", (1000, 1352, 200), {"cluster": (1, 2)}),
+                 ("samples/bias_gelu.epi", (8191, 392, 200), {"schedule": "cooperative"}),
+                 ("samples/bias_gelu.epi", (333, 2304, 136), {"swizzle": 2}),
+                 ("samples/cross_entropy.epi", (8191, 392, 200), {}),
+                 ("samples/fp8_block_quant.epi", (8191, 392, 200), {}),
+                 ("samples/prenorm_mlp.epi", (8191, 392, 200), {}),
+                 ("samples/swiglu.epi", (333, 392, 200), {})]
+
+
+@contextlib.contextmanager
+def dynamic_tiles():
+    """tile_order=dynamic's switch (epic/plan/config.py's DYNAMIC_GATE) on, then as it was."""
+    before = os.environ.get(DYNAMIC_GATE)
+    os.environ[DYNAMIC_GATE] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[DYNAMIC_GATE]
+        else:
+            os.environ[DYNAMIC_GATE] = before
+
+
 # load_hint=none (the mainloop's TMA loads without an L2 cache policy) on every gemm: a row statistic,
 # a ragged element-wise epilogue along M, the pre-norm chain, and with the serpentine order beside it
 LOAD_HINT_CASES = [("samples/residual_rmsnorm.epi", (8191, 392, 200), {}),

@@ -18,7 +18,7 @@ import epic
 from epic.codegen import emit
 from epic.runtime import build
 
-from .gpu_cases import (CLUSTER_1X2_CASE, LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS, SERPENTINE_CASES, SIZES,
+from .gpu_cases import (CLUSTER_1X2_CASE, DYNAMIC_CASES, LOAD_HINT_CASES, dynamic_tiles, MANY_ROWS_SIZES, PROGRAMS, SERPENTINE_CASES, SIZES,
                         SPLIT_CASES, cluster_1x2_config, fold_config, folds, gemm_options, groups_rows, own_size_cases,
                         path, split_k_config)
 
@@ -45,6 +45,11 @@ def in_shard(unit, shard: tuple[int, int]) -> bool:
 def all_units(only: list[str], training: bool) -> list:
     """Every kernel unit the GPU tests run (only: these programs'; training: the derived-backward and
     autograd tests' too), duplicates included."""
+    with dynamic_tiles():        # DYNAMIC_CASES ask for the experimental tile_order=dynamic
+        return _all_units(only, training)
+
+
+def _all_units(only: list[str], training: bool) -> list:
     units = []
     table = {**PROGRAMS, **EXTRA}
     # (program, sizes, variant); each case at its own sizes: the tile width depends on N
@@ -56,6 +61,10 @@ def all_units(only: list[str], training: bool) -> list:
         [(name, table[name](*size), "fold") for name in PROGRAMS for size in SIZES] + \
         [(name, table[name](*size), ("options", {"tile_order": "serpentine", **extra}))
          for name, size, extra in SERPENTINE_CASES] + \
+        [(name, table[name](*size), ("options", {"tile_order": "dynamic", **extra}))
+         for name, size, extra in DYNAMIC_CASES] + \
+        [(name, table[name](*size), ("options", {"tile_order": "linear", **extra}))
+         for name, size, extra in DYNAMIC_CASES] + \
         [(name, table[name](*size), ("options", {"load_hint": "none", **extra}))
          for name, size, extra in LOAD_HINT_CASES] + \
         [(name, table[name](*size), ("options", {"load_hint": "evict_normal", **extra}))

@@ -467,6 +467,18 @@ def test_nvcc_builds_a_serpentine_kernel(tmp_path, monkeypatch):
 
 
 @pytest.mark.nvcc
+def test_nvcc_builds_a_dynamic_kernel(tmp_path, monkeypatch):
+    """tile_order=dynamic's scheduler (its response and throttle pipelines, st.async to the cluster, the
+    counter's atom.inc) compiles on CUTLASS's pingpong scheduler-warp path, and the library takes the
+    counter as one more pointer that the caller passes as null."""
+    monkeypatch.setenv("EPIC_DYNAMIC_TILES", "1")
+    spec, lib = _build_plain(tmp_path, monkeypatch, {"tile_order": "dynamic"}, dict(M=8192, K=4096, N=4096))
+    assert lib.info["kernel"] == spec.name and lib.info["config"] == "ping_128x128x64_c2x1_dyn"
+    assert [(p.role, p.tensor) for p in spec.pointers][-1] == ("tile_counter", "")
+    assert spec.scratch == [(len(spec.pointers) - 1, "4")]
+
+
+@pytest.mark.nvcc
 def test_nvcc_builds_a_kernel_whose_loads_carry_no_cache_policy(tmp_path, monkeypatch):
     """load_hint=none's producer (epic_nodes/unhinted_loads_mainloop.hpp) compiles in place of CUTLASS's
     with the pingpong kernel and the library loads with the default kernel's C ABI."""

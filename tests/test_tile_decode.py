@@ -3,14 +3,11 @@ the host by GroupedTileScheduler::to_underlying_arguments in grouped_tile_schedu
 host with nvcc and compared, index by index and for every CTA position in the cluster, with a model of
 CUTLASS's sm90 mapping written from CUTLASS's source (PersistentTileSchedulerSm90's
 get_current_work_for_linear_idx and get_work_idx_m_and_n), on the padded grids the benches run."""
-import shutil
 import subprocess
 
 import pytest
 
-from epic.runtime import build
-
-from .conftest import ROOT
+from .conftest import nvcc_host_program
 
 DRIVER = r"""
 #include <cstdio>
@@ -56,15 +53,7 @@ int main(int argc, char** argv) {
 
 @pytest.fixture(scope="module")
 def decode(tmp_path_factory):
-    nvcc = shutil.which("nvcc")
-    if not nvcc:
-        pytest.skip("nvcc not installed")
-    d = tmp_path_factory.mktemp("decode")
-    (d / "driver.cu").write_text(DRIVER)
-    exe = d / "driver"
-    includes = [f"-I{p}" for p in build.cutlass_paths()[1]] + [f"-I{ROOT / 'templates' / 'nodes'}"]
-    subprocess.run([nvcc, "-std=c++17", "-O1", "--expt-relaxed-constexpr", *includes, str(d / "driver.cu"),
-                    "-o", str(exe)], check=True, capture_output=True)
+    exe = nvcc_host_program(tmp_path_factory, "decode", DRIVER)
 
     def run(cluster, m, n, batch, swizzle, raster):
         out = subprocess.run([str(exe), *map(str, (*cluster, m, n, batch, swizzle, raster))],

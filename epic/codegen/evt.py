@@ -53,6 +53,8 @@ class KernelSpec:
     # (launch pointer index, C++ byte count from the sizes): zeroed per-stream scratch that the library
     # puts in that pointer slot (the caller passes null); a launch leaves it zeroed
     scratch: list[tuple[int, str]] = field(default_factory=list)
+    # tile_order=dynamic: the C++ expression of the tile counter's launch pointer (scratch), else None
+    tile_counter: str | None = None
     # the operands' CUTLASS layouts and orders in words (epic/ir/operands.py)
     layout_a: str = operands.ROW_MAJOR
     layout_b: str = operands.COLUMN_MAJOR
@@ -71,11 +73,13 @@ class KernelSpec:
         """The kernel's tile scheduler: the stream-K one (in split-K mode) where the plan splits K, else
         CUTLASS's persistent one with a swizzle that pads only the dimension it groups
         (templates/nodes/epic_nodes/grouped_tile_scheduler.hpp), in serpentine order where asked
-        (serpentine_tile_scheduler.hpp)."""
+        (serpentine_tile_scheduler.hpp), or handing its tiles out at run time (dynamic_tile_scheduler.hpp)."""
         if self.config.split_k:
             return "cutlass::gemm::StreamKScheduler"
         if self.config.tile_order == "serpentine":
             return "epic_scheduler::SerpentinePersistentScheduler"
+        if self.config.tile_order == "dynamic":
+            return "epic_scheduler::DynamicPersistentScheduler"
         return "epic_scheduler::GroupedPersistentScheduler"
 
     @property
@@ -102,6 +106,7 @@ class KernelSpec:
         return (["epic_nodes/grouped_tile_scheduler.hpp", "epic_nodes/l2_prefetch_mainloop.hpp"]
                 + (["epic_nodes/tile_trace.hpp"] if self.config.trace == "tiles" else [])
                 + (["epic_nodes/serpentine_tile_scheduler.hpp"] if self.config.tile_order == "serpentine" else [])
+                + (["epic_nodes/dynamic_tile_scheduler.hpp"] if self.config.tile_order == "dynamic" else [])
                 + (["epic_nodes/unhinted_loads_mainloop.hpp"] if self.config.load_hint == "none" else []))
 
 
@@ -253,6 +258,10 @@ class Builder:
                 n.inputs = [i + 1 for i in n.inputs]
         if self.tail is not None:
             add_fold(self, self.tail)
+        counter = None
+        if cfg.tile_order == "dynamic":
+            counter = self.scratch_pointer("tile_counter", "4", "null: the library's own per-stream tile counter "
+                                           "(tile_order=dynamic)")
         aux = self.aux_elements[0] if self.aux_elements else dtypes.BF16.cutlass
         return KernelSpec(
             name=k.name, symbol=identifier(k.name), config=cfg,
@@ -260,7 +269,7 @@ class Builder:
             element_a=a.dtype.cutlass, element_b=b.dtype.cutlass, align_a=128 // a.dtype.bits,
             align_b=128 // b.dtype.bits, element_d=self.element_d, align_d=self.align_d, aux_element=aux,
             functors=self.functors, nodes=self.nodes, pointers=self.pointers, scalars=self.scalars,
-            descriptors=self.descriptors, headers=self.headers, scratch=self.scratch,
+            descriptors=self.descriptors, headers=self.headers, scratch=self.scratch, tile_counter=counter,
             layout_a=operands.cutlass_layout("A", a, k.a_t), layout_b=operands.cutlass_layout("B", b, k.b_t),
             order_a=order_a, order_b=order_b)
 

@@ -22,8 +22,10 @@ TRACES = ("off", "tiles")
 # the order a persistent kernel's CTAs take their tiles in: CUTLASS's (groups of `swizzle` clusters, each
 # walked along the other dimension), or serpentine, every odd group walked backwards so that a group
 # starts where the one before ended, on operands still in L2 (as QuACK's sm90 scheduler;
-# templates/nodes/epic_nodes/serpentine_tile_scheduler.hpp). Built into the kernel.
-TILE_ORDERS = ("linear", "serpentine")
+# templates/nodes/epic_nodes/serpentine_tile_scheduler.hpp); or dynamic, CUTLASS's order handed out at
+# run time, each cluster taking the next tile from a counter when it needs one
+# (templates/nodes/epic_nodes/dynamic_tile_scheduler.hpp). Built into the kernel.
+TILE_ORDERS = ("linear", "serpentine", "dynamic")
 # the L2 cache policy the mainloop's TMA loads of A and B carry: CUTLASS's EVICT_NORMAL operand, or none
 # (QuACK's sm90 loads: SASS `desc[URZ]`; templates/nodes/epic_nodes/unhinted_loads_mainloop.hpp).
 # Built into the kernel.
