@@ -155,3 +155,18 @@ def test_a_candidate_whose_rounds_spread_wide_is_named():
     # just inside and just outside the limit
     edge = {"a": {"median": 1.0, "q1": 0.98, "q3": 1.0199}, "b": {"median": 1.0, "q1": 0.98, "q3": 1.0201}}
     assert [n.split(":")[0].strip() for n in interleaved.spread_notes(edge)] == ["b"]
+
+
+def test_each_configuration_is_compared_again_after_the_timed_rounds():
+    """recheck(): one more call per configuration, compared with the default's first outputs (a kernel
+    that is right on its first launch only, or a replay that writes nothing, shows here)."""
+    import torch
+    interleaved = bench_module("interleaved")
+    want = {"y": torch.tensor([1.0, 2.0])}
+    checks = [("same", lambda: {"y": torch.tensor([1.0, 2.0])}, want),
+              ("unwritten", lambda: {"y": torch.tensor([1.0, float("nan")])}, want)]
+    said = interleaved.recheck(checks)
+    assert said["same"] == "equal bit for bit"
+    assert said["unwritten"].startswith("differs") and "inf" in said["unwritten"]
+    assert interleaved.recheck([]) == {}
+
