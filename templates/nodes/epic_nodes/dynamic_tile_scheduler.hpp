@@ -152,7 +152,6 @@ class LocalThrottle : public cutlass::PipelineAsync<Stages_> {
 
 class DynamicTileScheduler : public GroupedTileScheduler {
   using Base = GroupedTileScheduler;
-  using Cutlass = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
 
  public:
   static constexpr bool IsDynamicPersistent = true;
@@ -160,8 +159,8 @@ class DynamicTileScheduler : public GroupedTileScheduler {
   using WorkTileInfo = Base::WorkTileInfo;
   using RasterOrder = Base::RasterOrder;
   using RasterOrderOptions = Base::RasterOrderOptions;
-  struct CLCResponse {      // the kernel sizes the transaction with it: one tile, or kNoTile
-    uint32_t w;
+  struct CLCResponse {      // one answer: a unit of work w, or kNoTile (the kernel takes its size for a
+    uint32_t w;             // transaction byte count that this scheduler's pipeline does not use)
   };
   static constexpr uint32_t kNoTile = 0xffffffffu;
   using Pipeline = ResponsePipeline<Stages>;
