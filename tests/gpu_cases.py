@@ -1,12 +1,8 @@
 """Programs and sizes the GPU tests (tests/test_gpu.py) and the prebuild script (tests/prebuild.py)
 share: every kernel a GPU run needs can be built ahead on a CPU machine."""
-import contextlib
-import os
-
 import torch
 
 from epic import reference
-from epic.plan.config import DYNAMIC_GATE
 
 from .conftest import ROOT
 
@@ -119,22 +115,6 @@ DYNAMIC_CASES = [("samples/residual_rmsnorm.epi", (8191, 392, 200), {}),
                  ("samples/fp8_block_quant.epi", (8191, 392, 200), {}),
                  ("samples/prenorm_mlp.epi", (8191, 392, 200), {}),
                  ("samples/swiglu.epi", (333, 392, 200), {})]
-
-
-@contextlib.contextmanager
-def dynamic_tiles():
-    """tile_order=dynamic's switch (epic/plan/config.py's DYNAMIC_GATE) on, then as it was."""
-    before = os.environ.get(DYNAMIC_GATE)
-    os.environ[DYNAMIC_GATE] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[DYNAMIC_GATE]
-        else:
-            os.environ[DYNAMIC_GATE] = before
-
-
 # load_hint=none (the mainloop's TMA loads without an L2 cache policy) on every gemm: a row statistic,
 # a ragged element-wise epilogue along M, the pre-norm chain, and with the serpentine order beside it
 LOAD_HINT_CASES = [("samples/residual_rmsnorm.epi", (8191, 392, 200), {}),

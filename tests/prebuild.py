@@ -8,18 +8,21 @@ cache folder, to carry to the other machine and unpack into its cache with `tar 
 The device run then carries .epic-cache and builds nothing (docs/GPU.md)."""
 import argparse
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from unittest import mock
 
 import epic
 from epic.codegen import emit
+from epic.plan.config import DYNAMIC_GATE
 from epic.runtime import build
 
 from .gpu_cases import (CLUSTER_1X2_CASE, DYNAMIC_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS, SERPENTINE_CASES,
-                        SIZES, SPLIT_CASES, cluster_1x2_config, dynamic_tiles, fold_config, folds, gemm_options,
+                        SIZES, SPLIT_CASES, cluster_1x2_config, fold_config, folds, gemm_options,
                         groups_rows, own_size_cases, path, split_k_config)
 
 # the benchmark's identity epilogue, at its square shape (bench/prebuild.py builds the rest)
@@ -45,8 +48,8 @@ def in_shard(unit, shard: tuple[int, int]) -> bool:
 def all_units(only: list[str], training: bool) -> list:
     """Every kernel unit the GPU tests run (only: these programs'; training: the derived-backward and
     autograd tests' too), duplicates included."""
-    with dynamic_tiles():        # DYNAMIC_CASES ask for the experimental tile_order=dynamic
-        return _all_units(only, training)
+    with mock.patch.dict(os.environ, {DYNAMIC_GATE: "1"}):   # DYNAMIC_CASES ask for the experimental
+        return _all_units(only, training)                     # tile_order=dynamic
 
 
 def _all_units(only: list[str], training: bool) -> list:

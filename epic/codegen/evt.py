@@ -53,13 +53,16 @@ class KernelSpec:
     # (launch pointer index, C++ byte count from the sizes): zeroed per-stream scratch that the library
     # puts in that pointer slot (the caller passes null); a launch leaves it zeroed
     scratch: list[tuple[int, str]] = field(default_factory=list)
-    # tile_order=dynamic: the C++ expression of the tile counter's launch pointer (scratch), else None
-    tile_counter: str | None = None
     # the operands' CUTLASS layouts and orders in words (epic/ir/operands.py)
     layout_a: str = operands.ROW_MAJOR
     layout_b: str = operands.COLUMN_MAJOR
     order_a: str = "[M, K] row-major"
     order_b: str = "[K, N] K-major"
+
+    @property
+    def tile_counter(self) -> str | None:
+        """tile_order=dynamic: the C++ expression of the tile counter's launch pointer (scratch), else None."""
+        return next((f"p[{i}]" for i, p in enumerate(self.pointers) if p.role == "tile_counter"), None)
 
     @property
     def schedule_types(self) -> tuple[str, str]:
@@ -258,10 +261,9 @@ class Builder:
                 n.inputs = [i + 1 for i in n.inputs]
         if self.tail is not None:
             add_fold(self, self.tail)
-        counter = None
         if cfg.tile_order == "dynamic":
-            counter = self.scratch_pointer("tile_counter", "4", "null: the library's own per-stream tile counter "
-                                           "(tile_order=dynamic)")
+            self.scratch_pointer("tile_counter", "4", "null: the library's own per-stream tile counter "
+                                 "(tile_order=dynamic)")
         aux = self.aux_elements[0] if self.aux_elements else dtypes.BF16.cutlass
         return KernelSpec(
             name=k.name, symbol=identifier(k.name), config=cfg,
@@ -269,7 +271,7 @@ class Builder:
             element_a=a.dtype.cutlass, element_b=b.dtype.cutlass, align_a=128 // a.dtype.bits,
             align_b=128 // b.dtype.bits, element_d=self.element_d, align_d=self.align_d, aux_element=aux,
             functors=self.functors, nodes=self.nodes, pointers=self.pointers, scalars=self.scalars,
-            descriptors=self.descriptors, headers=self.headers, scratch=self.scratch, tile_counter=counter,
+            descriptors=self.descriptors, headers=self.headers, scratch=self.scratch,
             layout_a=operands.cutlass_layout("A", a, k.a_t), layout_b=operands.cutlass_layout("B", b, k.b_t),
             order_a=order_a, order_b=order_b)
 
