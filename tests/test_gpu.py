@@ -214,7 +214,11 @@ def test_dynamic_tile_order_matches_reference_and_the_linear_order_bit_for_bit(n
     _check_same_bytes(name, size, {"tile_order": "dynamic", **extra}, {"tile_order": "linear"})
 
 
-@pytest.mark.parametrize("name, size, extra", DYNAMIC_CASES[:1] + DYNAMIC_CASES[3:5], ids=_ids(DYNAMIC_CASES[:1] + DYNAMIC_CASES[3:5]))
+# a 2x1 cluster, a 1x2 cluster and the cooperative schedule
+DYNAMIC_COUNTER_CASES = DYNAMIC_CASES[:1] + DYNAMIC_CASES[3:5]
+
+
+@pytest.mark.parametrize("name, size, extra", DYNAMIC_COUNTER_CASES, ids=_ids(DYNAMIC_COUNTER_CASES))
 def test_dynamic_tile_order_leaves_its_counter_ready_for_the_next_call(name, size, extra, monkeypatch):
     """Each launch must leave the tile counter at 0 (atom.inc wraps after the launch's last increment):
     six calls back to back on one stream, each into poisoned outputs, give the static order's bytes, and
