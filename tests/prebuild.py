@@ -8,17 +8,14 @@ cache folder, to carry to the other machine and unpack into its cache with `tar 
 The device run then carries .epic-cache and builds nothing (docs/GPU.md)."""
 import argparse
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from unittest import mock
 
 import epic
 from epic.codegen import emit
-from epic.plan.config import DYNAMIC_GATE
 from epic.runtime import build
 
 from .gpu_cases import (CLUSTER_1X2_CASE, DYNAMIC_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS, SERPENTINE_CASES,
@@ -48,11 +45,6 @@ def in_shard(unit, shard: tuple[int, int]) -> bool:
 def all_units(only: list[str], training: bool) -> list:
     """Every kernel unit the GPU tests run (only: these programs'; training: the derived-backward and
     autograd tests' too), duplicates included."""
-    with mock.patch.dict(os.environ, {DYNAMIC_GATE: "1"}):   # DYNAMIC_CASES ask for the experimental
-        return _all_units(only, training)                     # tile_order=dynamic
-
-
-def _all_units(only: list[str], training: bool) -> list:
     units = []
     table = {**PROGRAMS, **EXTRA}
     # (program, sizes, variant); each case at its own sizes: the tile width depends on N

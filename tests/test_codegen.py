@@ -471,7 +471,6 @@ def test_nvcc_builds_a_dynamic_kernel(tmp_path, monkeypatch):
     """tile_order=dynamic's scheduler (its response and throttle pipelines, remote st.shared::cluster
     stores and release arrives, the counter's atom.inc) compiles on CUTLASS's pingpong scheduler-warp
     path, and the library takes the counter as one more pointer that the caller passes as null."""
-    monkeypatch.setenv("EPIC_DYNAMIC_TILES", "1")
     spec, lib = _build_plain(tmp_path, monkeypatch, {"tile_order": "dynamic"}, dict(M=8192, K=4096, N=4096))
     assert lib.info["kernel"] == spec.name and lib.info["config"] == "ping_128x128x64_c2x1_dyn"
     assert [(p.role, p.tensor) for p in spec.pointers][-1] == ("tile_counter", "")

@@ -24,7 +24,6 @@ import torch
 import epic
 from epic import dtypes, reference
 from epic.diagnostics import EpicError
-from epic.plan.config import DYNAMIC_GATE
 
 from .gpu_cases import (CLUSTER_1X2_CASE, DEPENDENT_FIRST_CASES, DETERMINISM_CASES, DYNAMIC_CASES, HF_BLOCK_CASE,
                         MEMCHECK_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS, QUANT_SIZES, SERPENTINE_CASES, SIZES, SPLIT_CASES,
@@ -207,10 +206,9 @@ def test_serpentine_tile_order_matches_reference_and_the_linear_order_bit_for_bi
 
 
 @pytest.mark.parametrize("name, size, extra", DYNAMIC_CASES, ids=_ids(DYNAMIC_CASES))
-def test_dynamic_tile_order_matches_reference_and_the_linear_order_bit_for_bit(name, size, extra, monkeypatch):
+def test_dynamic_tile_order_matches_reference_and_the_linear_order_bit_for_bit(name, size, extra):
     """tile_order=dynamic hands the same tiles to whichever cluster asks first: within the reference's
     tolerance, and (each tile computed the same way) the same bytes as the static order's kernels."""
-    monkeypatch.setenv(DYNAMIC_GATE, "1")
     _check_same_bytes(name, size, {"tile_order": "dynamic", **extra}, {"tile_order": "linear"})
 
 
@@ -219,11 +217,10 @@ DYNAMIC_COUNTER_CASES = DYNAMIC_CASES[:1] + DYNAMIC_CASES[3:5]
 
 
 @pytest.mark.parametrize("name, size, extra", DYNAMIC_COUNTER_CASES, ids=_ids(DYNAMIC_COUNTER_CASES))
-def test_dynamic_tile_order_leaves_its_counter_ready_for_the_next_call(name, size, extra, monkeypatch):
+def test_dynamic_tile_order_leaves_its_counter_ready_for_the_next_call(name, size, extra):
     """Each launch must leave the tile counter at 0 (atom.inc wraps after the launch's last increment):
     six calls back to back on one stream, each into poisoned outputs, give the static order's bytes, and
     a call at other sizes between them (another limit on the same counter) changes nothing."""
-    monkeypatch.setenv(DYNAMIC_GATE, "1")
     program = compiled(name).program
     prog = epic.compile(path(name), config=gemm_options(program, {"tile_order": "dynamic", **extra}))
     static = epic.compile(path(name), config=gemm_options(program, {"tile_order": "linear", **extra}))

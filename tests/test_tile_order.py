@@ -155,25 +155,16 @@ def test_serpentine_in_the_file_and_refused_with_split_k():
         "tile_order must be one of linear, serpentine, dynamic"]
 
 
-def test_dynamic_is_refused_until_its_switch_is_on(monkeypatch):
-    """tile_order=dynamic is experimental (its GPU tests have not passed since its last fix): refused with
-    E216 naming the switch, in the file and per call, unless EPIC_DYNAMIC_TILES is on."""
-    monkeypatch.delenv(plan_config.DYNAMIC_GATE, raising=False)
-    for text, override in (("tile_order=dynamic", None), ("tile=128x128x64", {"g": {"tile_order": "dynamic"}})):
-        with pytest.raises(EpicError) as info:
-            planned_plain(text, SIZES, override)
-        assert info.value.codes == ["E216"] and "EPIC_DYNAMIC_TILES=1" in str(info.value)
-    monkeypatch.setenv(plan_config.DYNAMIC_GATE, "0")
-    with pytest.raises(EpicError):
-        planned_plain("tile_order=dynamic", SIZES)
-    monkeypatch.setenv(plan_config.DYNAMIC_GATE, "1")
+def test_dynamic_plans_in_the_file_and_per_call():
+    """tile_order=dynamic passed its GPU tests (bench/results/2026-12-07-h100-dynamic-scheduler.log): the
+    file's option and a call's override plan it with no switch set."""
     assert planned_plain("tile_order=dynamic", SIZES)[1].tile_order == "dynamic"
+    assert planned_plain("tile=128x128x64", SIZES, {"g": {"tile_order": "dynamic"}})[1].tile_order == "dynamic"
 
 
-def test_dynamic_names_its_kernel_and_takes_a_counter_from_the_library(monkeypatch):
+def test_dynamic_names_its_kernel_and_takes_a_counter_from_the_library():
     """tile_order=dynamic: the scheduler's header and tag, one more launch pointer (null from the caller,
     the library's zeroed per-stream scratch in its place) and the scheduler's argument set from it."""
-    monkeypatch.setenv(plan_config.DYNAMIC_GATE, "1")
     prog = pipeline.analyze(str(PLAIN)).program
     [(base_spec, base)] = emit.units(prog, emit.kernel_configs(prog, 8192, None, SIZES))
     [(spec, dyn)] = emit.units(prog, emit.kernel_configs(prog, 8192, {"plain": {"tile_order": "dynamic"}}, SIZES))

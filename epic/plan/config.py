@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .. import envflags
 from ..diagnostics import error
 from ..ir import options as vocab
 from ..ir import primitives as P
@@ -115,10 +114,6 @@ class KernelConfig:
         return self.splits > 1
 
 
-# tile_order=dynamic builds only with this switch on until its GPU tests pass (tests/test_gpu.py -k dynamic)
-DYNAMIC_GATE = "EPIC_DYNAMIC_TILES"
-
-
 def problems(cfg: KernelConfig) -> list[str]:
     if cfg.backend not in BACKENDS:
         return [f"backend must be one of {', '.join(BACKENDS)}"]
@@ -137,10 +132,6 @@ def problems(cfg: KernelConfig) -> list[str]:
         out.append(f"trace must be one of {', '.join(vocab.TRACES)}")
     if cfg.tile_order not in vocab.TILE_ORDERS:
         out.append(f"tile_order must be one of {', '.join(vocab.TILE_ORDERS)}")
-    elif cfg.tile_order == "dynamic" and not envflags.enabled(DYNAMIC_GATE):
-        out.append(f"tile_order=dynamic is experimental: its 2x1- and 1x2-cluster kernels have not run on a GPU "
-                   f"since their last fix (docs/PERFORMANCE.md, 'A dynamic scheduler'); set {DYNAMIC_GATE}=1 "
-                   "to build it anyway")
     if cfg.load_hint not in vocab.LOAD_HINTS:
         out.append(f"load_hint must be one of {', '.join(vocab.LOAD_HINTS)}")
     return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits, cfg.combine,
