@@ -179,8 +179,8 @@ def w_resid_parts(*names):
     return make
 
 
-def w_bias_gelu(m):
-    x, w, b = rand(m, D), weight(D, DFF), rand(DFF)
+def w_bias_gelu(m, n=DFF):
+    x, w, b = rand(m, D), weight(D, n), rand(n)
     def gemm(): return x @ w
     def eager(): return F.gelu(x @ w + b, approximate="tanh")
     return gemm, eager, dict(x=x, w=w, bias=b)
@@ -305,6 +305,8 @@ def w_plain(m, n=D, k=D):
 WORK = {
     "resid_norm": ("samples/residual_rmsnorm.epi", w_resid_norm),
     "bias_gelu": ("samples/bias_gelu.epi", w_bias_gelu),
+    # the same at N = 4096, where the heuristic's tile depends on the GPU (plan/gpus.py)
+    "bias_gelu_4096": ("samples/bias_gelu.epi", lambda m: w_bias_gelu(m, D)),
     "rope": ("samples/rope.epi", w_rope),
     "qk_norm": ("samples/qk_norm_rope.epi", w_qk_norm),
     "prenorm_half": ("bench/programs/prenorm_half.epi", w_prenorm_half),
@@ -320,6 +322,8 @@ WORK = {
     "plain_vocab": ("bench/programs/plain.epi", lambda m: w_plain(m, VOCAB)),
     # the MLP block's down gemm (K = F, N = D): on an H100 the default tile there loses most back to back
     "plain_down": ("bench/programs/plain.epi", lambda m: w_plain(m, D, DFF)),
+    # N = 2048: another N whose default tile depends on the GPU (plan/gpus.py)
+    "plain_n2048": ("bench/programs/plain.epi", lambda m: w_plain(m, D // 2)),
     # N = K = 4096's 32 MB of weights as K / 2 x 2 N and K / 4 x 4 N: a decode gemm's time with its
     # K split over 2 or 4 times the CTAs (what a split-K inside a cluster would read per CTA)
     "plain_k2048": ("bench/programs/plain.epi", lambda m: w_plain(m, 2 * D, D // 2)),
@@ -353,6 +357,7 @@ WORK = {
 DIMS = {
     "resid_norm": lambda m: dict(M=m, D=D),
     "bias_gelu": lambda m: dict(M=m, K=D, N=DFF),
+    "bias_gelu_4096": lambda m: dict(M=m, K=D, N=D),
     "rope": lambda m: dict(M=m, D=D, N=DQKV),
     "qk_norm": lambda m: dict(M=m, D=D, H=D // 128, Dh=128),
     "prenorm_half": lambda m: dict(M=m, D=D, F=DFF),
@@ -366,6 +371,7 @@ DIMS = {
     "plain_gate_up": lambda m: dict(M=m, K=D, N=2 * DFF),
     "plain_vocab": lambda m: dict(M=m, K=D, N=VOCAB),
     "plain_down": lambda m: dict(M=m, K=DFF, N=D),
+    "plain_n2048": lambda m: dict(M=m, K=D, N=D // 2),
     "xent_lse_only": lambda m: dict(M=m, D=D, V=VOCAB),
     "xent_pick_only": lambda m: dict(M=m, D=D, V=VOCAB),
     "plain_k2048": lambda m: dict(M=m, K=D // 2, N=2 * D),

@@ -137,7 +137,7 @@ def cmd_plan(args) -> int:
     from epic.plan import ledger, planner
     analysis = pipeline.analyze(args.file, path=True)
     sizes = _sizes(analysis.program, args.shape)
-    plan = planner.make_plan(analysis.program, sizes)
+    plan = planner.make_plan(analysis.program, sizes, gpu=_gpu_key(args.gpu))
     print(ledger.render(plan, analysis.source_program))
     if args.tuned:
         from pathlib import Path
@@ -151,14 +151,16 @@ def cmd_compile(args) -> int:
     from epic.codegen import emit
     analysis = pipeline.analyze(args.file, path=True)
     sizes = _sizes(analysis.program, args.shape) if args.shape else None
+    gpu = _gpu_key(args.gpu)
     try:
-        written = emit.write_sources(analysis.program, args.output, sizes)
+        written = emit.write_sources(analysis.program, args.output, sizes, gpu)
     except OSError as e:
         raise error("E801", f"cannot write to -o {sources.printable(args.output)}: {e.strerror or e}", None,
                     "give a directory that can be created or written") from None
     for p in written:
         print(p)
-    for name, cfg in emit.kernel_configs(analysis.program, emit.rows(analysis.program, sizes), sizes=sizes).items():
+    for name, cfg in emit.kernel_configs(analysis.program, emit.rows(analysis.program, sizes), sizes=sizes,
+                                         gpu=gpu).items():
         if cfg.vendor:
             print(f"{name}: no source (backend {cfg.backend}: the vendor's gemm, called through torch)")
     if args.build:
@@ -182,6 +184,12 @@ def cmd_build(args) -> int:
     for lib in bundle_build.build(analysis, args.file, sizes, rows, args.jobs, target):
         print(f"built {lib}")
     return 0
+
+
+def _gpu_key(spelling: str | None) -> str | None:
+    """--gpu's key (plan/gpus.py), else this machine's GPU's (None: an H200 or no GPU)."""
+    from epic.plan import gpus
+    return gpus.SPELLINGS[spelling] if spelling else gpus.local_without_torch()[1]
 
 
 def _rows(text: str) -> list[int]:

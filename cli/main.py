@@ -11,6 +11,7 @@ import sys
 
 from epic import envflags
 from epic.diagnostics import EpicError
+from epic.plan import gpus
 from epic.tuning import measure
 
 COMMANDS = {
@@ -66,12 +67,14 @@ def _parser() -> argparse.ArgumentParser:
                    "the fused kernels against the unfused torch form, per GPU")
     c.add_argument("--db", metavar="FILE", help="with --tuned: the tuning database (default: $EPIC_TUNING, else "
                    "tuning.json in the kernel cache)")
+    _gpu_option(c)
 
     c = sub.add_parser("compile", help=COMMANDS["compile"], description=COMMANDS["compile"])
     c.add_argument("file", metavar="FILE")
     c.add_argument("-o", "--output", required=True, metavar="DIR", help="directory for the .cu files")
     c.add_argument("--shape", help="sizes, to pick tile configurations (default: a large-M configuration)")
     c.add_argument("--build", action="store_true", help="also build them with nvcc (same as `epic build`)")
+    _gpu_option(c)
 
     c = sub.add_parser("build", help=COMMANDS["build"], description=COMMANDS["build"])
     c.add_argument("file", metavar="FILE")
@@ -127,6 +130,12 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--prune", action="store_true", help="remove orphaned temporaries, stale locks, bad entries")
     what.add_argument("--clean", action="store_true", help="remove every cache entry")
     return p
+
+
+def _gpu_option(c) -> None:
+    c.add_argument("--gpu", choices=sorted(gpus.SPELLINGS), help="the GPU whose tile choices to use (an H100's "
+                   "differ at some shapes; default: this machine's GPU, else h200, which also stands for any "
+                   "other GPU)")
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

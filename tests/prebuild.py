@@ -16,9 +16,10 @@ from pathlib import Path
 
 import epic
 from epic.codegen import emit
+from epic.plan import gpus
 from epic.runtime import build
 
-from .gpu_cases import (CLUSTER_1X2_CASE, DYNAMIC_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS, SERPENTINE_CASES,
+from .gpu_cases import (CLUSTER_1X2_CASE, DYNAMIC_CASES, H100_TILE, H100_TILE_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS, SERPENTINE_CASES,
                         SIZES, SPLIT_CASES, cluster_1x2_config, fold_config, folds, gemm_options,
                         groups_rows, own_size_cases, path, split_k_config)
 
@@ -60,6 +61,7 @@ def all_units(only: list[str], training: bool) -> list:
          for name, size, extra in DYNAMIC_CASES] + \
         [(name, table[name](*size), ("options", {"tile_order": "linear", **extra}))
          for name, size, extra in DYNAMIC_CASES] + \
+        [(name, table[name](*size), ("options", H100_TILE)) for name, size in H100_TILE_CASES] + \
         [(name, table[name](*size), ("options", {"load_hint": "none", **extra}))
          for name, size, extra in LOAD_HINT_CASES] + \
         [(name, table[name](*size), ("options", {"load_hint": "evict_normal", **extra}))
@@ -79,8 +81,9 @@ def all_units(only: list[str], training: bool) -> list:
         else:
             overrides = ({"split": split_k_config, "fold": fold_config, "cluster": cluster_1x2_config}[variant](prog.program)
                          if variant not in (None, "many_rows") else None)
-        configs = emit.kernel_configs(prog.program, sizes["M"], overrides, sizes)
-        units += [u for _, u in emit.units(prog.program, configs)]
+        for key in gpus.KEYS:       # the device may be an H100 or an H200: both heuristics' kernels
+            configs = emit.kernel_configs(prog.program, sizes["M"], overrides, sizes, key)
+            units += [u for _, u in emit.units(prog.program, configs)]
     if not only or "bench/programs/plain.epi" in only:
         from . import test_gpu_tile_trace
         units += test_gpu_tile_trace.units()

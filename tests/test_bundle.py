@@ -75,10 +75,12 @@ def test_index_names_program_versions_and_kernels(fake, capsys, tmp_path):
     assert lib.parent.name == build.cache_key(u, build.nvcc_path()) and cache.problem(lib) is None
 
 
-def test_rows_build_one_configuration_per_row_count(fake, capsys, tmp_path):
+def test_rows_build_one_configuration_per_row_count_and_gpu(fake, capsys, tmp_path):
+    """M = 64 and 8192 at N = 256: one kernel each, and at 8192 the H100's own (plan/gpus.py)."""
     _, out = make_bundle(fake, capsys, tmp_path, "--rows", "64,8192")
-    assert len(list(out.glob("*/*.so"))) == 2
-    assert len(json.loads((out / bundle.INDEX).read_text())["kernels"]) == 2
+    assert sorted(p.name for p in out.glob("*/*.so")) == ["g.coop_128x256x64_c2x1.so", "g.ping_128x128x64_c2x1.so",
+                                                          "g.ping_64x64x64_c1x1.so"]
+    assert len(json.loads((out / bundle.INDEX).read_text())["kernels"]) == 3
 
 
 def test_a_second_program_joins_the_bundle(fake, capsys, tmp_path):

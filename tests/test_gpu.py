@@ -24,9 +24,11 @@ import torch
 import epic
 from epic import dtypes, reference
 from epic.diagnostics import EpicError
+from epic.plan import gpus
 
-from .gpu_cases import (CLUSTER_1X2_CASE, DEPENDENT_FIRST_CASES, DETERMINISM_CASES, DYNAMIC_CASES, HF_BLOCK_CASE,
-                        MEMCHECK_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS, QUANT_SIZES, SERPENTINE_CASES, SIZES, SPLIT_CASES,
+from .gpu_cases import (CLUSTER_1X2_CASE, DEPENDENT_FIRST_CASES, DETERMINISM_CASES, DYNAMIC_CASES, H100_TILE,
+                        H100_TILE_CASES, HF_BLOCK_CASE, MEMCHECK_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS,
+                        QUANT_SIZES, SERPENTINE_CASES, SIZES, SPLIT_CASES,
                         TORCH_COMPILE_CASE, XENT_D, XENT_SIZES, cluster_1x2_config, fold_config, folds, gemm_options,
                         groups_rows, make_inputs, path, split_k_config, to_device)
 
@@ -196,6 +198,24 @@ def test_a_1x2_clusters_swizzle_covers_every_tile(swizzle, raster):
 
 def _ids(cases):
     return [f"{n}-{'x'.join(map(str, s))}" + "".join(f"-{k}={v}" for k, v in e.items()) for n, s, e in cases]
+
+
+@pytest.mark.parametrize("name, size", H100_TILE_CASES, ids=_ids([(n, s, {}) for n, s in H100_TILE_CASES]))
+def test_the_h100_tile_matches_reference(name, size):
+    """The tile an H100's heuristic gives element-wise epilogues at N = 4096 (cooperative 128x256, cluster
+    2x1), on whatever GPU runs the suite, at ragged sizes, into poisoned outputs."""
+    prog = epic.compile(path(name), config=gemm_options(compiled(name).program, H100_TILE))
+    assert all(c.tile == (128, 256, 64) for c in prog.plan(PROGRAMS[name](*size)).configs.values())
+    _check_against_reference(prog, name, size)
+
+
+def test_a_call_plans_for_the_gpu_it_runs_on():
+    """The heuristic's tiles are this GPU's (plan/gpus.py): bias + GELU at M = 8192, N = K = 4096 takes
+    the cooperative 128x256 tile on an H100 SXM and pingpong 128x128 elsewhere."""
+    key = gpus.key(torch.cuda.get_device_name())
+    plan = compiled("samples/bias_gelu.epi").plan(dict(M=8192, K=4096, N=4096))
+    assert plan.gpu == key
+    assert plan.configs["up"].tile == ((128, 256, 64) if key == gpus.H100 else (128, 128, 64))
 
 
 @pytest.mark.parametrize("name, size, extra", SERPENTINE_CASES, ids=_ids(SERPENTINE_CASES))

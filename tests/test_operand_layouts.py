@@ -230,7 +230,9 @@ def test_a_bundle_builds_each_gemm_for_its_own_rows():
     p = analyze(BACKWARD).program
     units = bundle_build.units(p, dict(M=64, K=256, N=8192), [64, 8192])
     names = sorted(u.name for u in units)
-    assert [n.split(".")[0] for n in names] == ["dw", "dx", "dx", "fwd", "fwd"]   # dw: N rows at either M
+    # dw: N rows at either M; an H100's heuristic (plan/gpus.py) adds dw's and dx's cooperative 128x256
+    assert [n.split(".")[0] for n in names] == ["dw", "dw", "dx", "dx", "dx", "fwd", "fwd"]
+    assert sum(".coop_128x256x64_c2x1" in n for n in names) == 2
 
 
 # ------------------------------------------------------------------------------ host simulation

@@ -357,7 +357,7 @@ def test_render_line_by_line():
     a = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  in bias: bf16[N]\n  out y: bf16 = acc + bias\n}\n")
     plan = planner.make_plan(a.program, dict(M=4, K=8, N=16))
     lines = ledger.render(plan, a.source_program).splitlines()
-    assert lines[:7] == ["plan for t.epi at M=4, K=8, N=16", "", "kernels (in launch order):",
+    assert lines[:7] == ["plan for t.epi at M=4, K=8, N=16, for an H200 or any other GPU", "", "kernels (in launch order):",
                          "  1. g: gemm x @ w  [pingpong 64x64x64 cluster 1x1]",
                          "       launched as a programmatic dependent of the caller's last kernel on the stream; "
                          "asks L2 for its first tile's w while it waits",

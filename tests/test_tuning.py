@@ -4,6 +4,7 @@ of the real thing is in docs/PERFORMANCE.md."""
 import json
 import warnings
 from dataclasses import replace
+from unittest import mock
 
 import pytest
 
@@ -539,12 +540,16 @@ def test_build_only_builds_in_one_run_what_the_tune_builds(db, monkeypatch, path
     # with the earlier ones at the heuristic's configuration, as --build-only plans them
     monkeypatch.setenv("EPIC_NO_TUNING", "1")
     prog_sizes[0] = sizes
-    tuned, only = [], []
+    tuned, only, anywhere = [], [], []
     tuner.tune(path, sizes, limit=4, database_file=db, gpu="GPU-A", timer=FakeGPU({}), builder=tuned.append,
                report=lambda s: None)
-    trials = tuner.build_candidates(path, sizes, limit=4, builder=only.append)
+    with mock.patch("epic.plan.gpus.local", return_value=(True, None)):    # on GPU-A's machine
+        trials = tuner.build_candidates(path, sizes, limit=4, builder=only.append)
+    with mock.patch("epic.plan.gpus.local", return_value=(False, None)):   # no GPU: every GPU's candidates
+        tuner.build_candidates(path, sizes, limit=4, builder=anywhere.append)
     kernels = lambda batches: {(u.name, u.source) for batch in batches for u in batch}   # noqa: E731
     assert len(only) == 1 and kernels(only) == kernels(tuned)
+    assert len(anywhere) == 1 and kernels(anywhere) >= kernels(tuned)
     gemms = [k.name for k in epic.compile(path).program.kernels if k.kind == "gemm"]
     assert sorted({t.gemm for t in trials}) == sorted(gemms) and all(t.why is None for t in trials)
 

@@ -84,13 +84,13 @@ def render_combine(spec: combine.CombineSpec) -> str:
 
 
 def kernel_configs(program: Program, m: int, overrides: dict | None = None,
-                   sizes: dict | None = None) -> dict[str, config_mod.KernelConfig]:
+                   sizes: dict | None = None, gpu: str | None = None) -> dict[str, config_mod.KernelConfig]:
     """Each gemm's configuration when the program's row dimension is m (see kernel_rows); sizes (all
-    of the program's, where known) give each gemm's N, on which the heuristic's tile width depends."""
-    from .. import sizes as sizes_mod
+    of the program's, where known) give each gemm's N, on which the heuristic's tile width depends;
+    gpu: the key of the GPU it is for (plan/gpus.py)."""
     rows = kernel_rows(program, m, sizes)
     return {k.name: config_mod.choose(k, rows[k.name], (overrides or {}).get(k.name), program.tensors,
-                                      _known(k.n, sizes), _known(k.k, sizes))
+                                      _known(k.n, sizes), _known(k.k, sizes), gpu)
             for k in program.kernels if k.kind == "gemm"}
 
 
@@ -162,13 +162,14 @@ def units(program: Program, configs: dict[str, config_mod.KernelConfig]) -> list
 DEFAULT_M = 8192   # `epic compile/build` without --shape: the large-M (prefill) configuration
 
 
-def write_sources(program: Program, out_dir: str, sizes: dict | None = None) -> list[str]:
-    """Write each kernel's .cu into out_dir, named PROGRAM.KERNEL[.CONFIG].cu."""
+def write_sources(program: Program, out_dir: str, sizes: dict | None = None, gpu: str | None = None) -> list[str]:
+    """Write each kernel's .cu (its configuration for GPU key `gpu`) into out_dir, named
+    PROGRAM.KERNEL[.CONFIG].cu."""
     m = rows(program, sizes)
     stem = cxx.identifier(Path(program.name).stem) if program.name != "<string>" else "program"
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-    for _, unit in units(program, kernel_configs(program, m, sizes=sizes)):
+    for _, unit in units(program, kernel_configs(program, m, sizes=sizes, gpu=gpu)):
         path = os.path.join(out_dir, f"{stem}.{unit.name}.cu")
         with open(path, "w") as f:
             f.write(unit.source)

@@ -12,6 +12,10 @@ Heuristic (chosen from H200 measurements: docs/PERFORMANCE.md, "Tuning"):
                (128x192 where 192-wide tiles     the other's mainloop (LARGE_M, WIDE_N below)
                leave at most 1% of N empty),
                swizzle 8 or less
+  on an H100   cooperative 128x256x64 instead of  the pingpong 128x128 tile's slow mode there
+  SXM          pingpong 128x128 from M = 4096 for (H100_COOPERATIVE below; plan/gpus.py)
+               element-wise epilogues with one
+               store and N a multiple of 256
 The tile width is then narrowed if a 1xB block does not divide it. A file that fixes the tile but
 not the schedule gets a schedule that accepts the tile. Unless the file or the call gives one, the
 swizzle is the largest (up to 8) that adds no padding tiles to the grid, in whichever raster order
@@ -25,7 +29,7 @@ from ..diagnostics import error
 from ..ir import options as vocab
 from ..ir import primitives as P
 from ..shapes import Kind
-from . import epilogue
+from . import epilogue, gpus
 from .backend import BACKENDS, prefers_vendor, vendor_form
 
 SCHEDULES, AUX_LOADS, RASTERS = vocab.SCHEDULES, vocab.AUX_LOADS, vocab.RASTERS
@@ -247,6 +251,16 @@ SMALL_M_WIDE = [KernelConfig("pingpong", (64, 128, 64), (1, 1))]
 # (N = 4096) the empty part costs more (bench/results/2026-12-02-h200-interleaved-wide-tiles.json and
 # 2026-12-01-h200-interleaved-configs.json).
 WIDE_N = [KernelConfig("pingpong", (128, 192, 64), (2, 1), swizzle=8)]
+# On an H100 (plan/gpus.py) the pingpong 128x128 tile at N = 4096 runs in two modes, about 0.99 and
+# 1.15 of cuBLAS, and mostly the slow one; cooperative 128x256 is steady at 1.00-1.01 (four machines:
+# docs/PERFORMANCE.md, "On an H100 the default tile at N = 4096 has a slow mode"). Back to back at
+# M = 8192 the plain gemm 0.4066 against 0.4396 ms, the down gemm (K = 14336) 1.3786 against 1.5308
+# (bench/results/2026-12-07-h100-n4096-coop.log). Not where the epilogue has a row statistic: residual +
+# RMSNorm read level or slower with it (0.4587 against 0.4547 ms), and on the H200 the cooperative tile
+# is slower (plain 1.012 against 0.987: 2026-12-01-h200-interleaved-defaults.json).
+H100_COOPERATIVE = [KernelConfig("cooperative", (128, 256, 64), (2, 1), swizzle=8)]
+H100_COOPERATIVE_ROWS = 4096
+ELEMENT_FAMILIES = (P.Family.SOURCE, P.Family.ELEMENTWISE, P.Family.COMPARE, P.Family.SELECT, P.Family.CAST)
 WIDE = 8192       # decode (M <= 256) takes 64x128 tiles above this N
 # Decode gemms of at most 64 rows whose grid has at least DEEP_K_TILES tiles take K = 128 tiles (half
 # the mainloop iterations, each loading twice as much). M = 64, two runs (L2 flushed by a read and by a write; bench/results/
@@ -282,9 +296,12 @@ def _with_blocks(cfg: KernelConfig, blocks, split: bool = False) -> KernelConfig
 
 
 def heuristic(m: int, blocks: set[int] | None = None, kernel=None, tensors: dict | None = None,
-              n: int | None = None) -> KernelConfig:
-    """n: the gemm's N where the sizes are known (None: not a wide one)."""
+              n: int | None = None, gpu: str | None = None) -> KernelConfig:
+    """n: the gemm's N where the sizes are known (None: not a wide one); gpu: the key of the GPU the
+    plan is for (plan/gpus.py)."""
     large = WIDE_N + LARGE_M if _wide(n) else LARGE_M
+    if gpu == gpus.H100 and _h100_cooperative(kernel, m, n):
+        large = H100_COOPERATIVE + large
     small = SMALL_M_WIDE + SMALL_M if n is not None and n > WIDE else SMALL_M
     ladder = [_with_blocks(c, blocks, split=m <= 256) for c in (small if m <= 256 else large)]
     if m <= 64 and n is not None and n > 0:      # measured at M = 64 only (one row of tiles)
@@ -294,6 +311,15 @@ def heuristic(m: int, blocks: set[int] | None = None, kernel=None, tensors: dict
             if fits(kernel, tensors, _block_epilogue(cfg, blocks)):
                 return cfg
     return ladder[0]
+
+
+def _h100_cooperative(kernel, m: int, n: int | None) -> bool:
+    """Where an H100 takes H100_COOPERATIVE: many rows, N a multiple of 256 that 192-wide tiles do not
+    fit, and an epilogue that computes each element from its own (no reduction, no block, no pair) and
+    stores one tensor."""
+    if kernel is None or n is None or m < H100_COOPERATIVE_ROWS or n % 256 or _wide(n):
+        return False
+    return len(kernel.stores) == 1 and all(P.family(v.op) in ELEMENT_FAMILIES for v in kernel.values)
 
 
 def _deep_k(cfg: KernelConfig, m: int, n: int) -> list[KernelConfig]:
@@ -433,11 +459,12 @@ def fitting_order(cfg: KernelConfig, m: int, n: int, raster_fixed: bool = False)
 
 
 def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None = None,
-           depth: int | None = None) -> KernelConfig:
+           depth: int | None = None, gpu: str | None = None) -> KernelConfig:
     """The configuration of one gemm: call-time override > options in the file > heuristic (the
     first configuration of its ladder whose shared memory leaves the mainloop 2 stages).
     n, depth: the gemm's N and K where the sizes are known (the heuristic takes wide tiles for some
-    N, and the vendor's gemm for a vocabulary-sized dimension: plan/backend.py)."""
+    N, and the vendor's gemm for a vocabulary-sized dimension: plan/backend.py); gpu: the key of the GPU
+    the plan is for (plan/gpus.py)."""
     backend = _backend(kernel, override)
     if backend is None and prefers_vendor(kernel, tensors, m, n, depth):
         backend = "cublas"
@@ -448,7 +475,7 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
                         getattr(kernel, "span", None), "leave backend out (epic's own kernel fuses the epilogue)")
         return KernelConfig("pingpong", (128, 128, 64), backend=backend)
     blocks = block_sizes(kernel)
-    cfg = heuristic(m, blocks, kernel, tensors, n)
+    cfg = heuristic(m, blocks, kernel, tensors, n, gpu)
     split_cluster = any(split_block(cfg, b) for b in blocks)   # the heuristic's 1x2 cluster shares blocks
     tile_fixed = False      # a tile the file or the call chose is kept (a bad combination is E216)
     schedule_fixed = False  # so is a schedule

@@ -21,7 +21,7 @@ from ..ir import primitives as P
 from ..ir.core import Program, Value
 from ..passes.defer_row_scale import SUFFIX
 from ..shapes import Kind
-from . import config as config_mod, launch
+from . import config as config_mod, gpus, launch
 from .planner import Plan, folds
 
 
@@ -164,7 +164,7 @@ def _combine_desc(k) -> str:
 
 def render(plan: Plan, source: Program) -> str:
     sizes = ", ".join(f"{k}={v}" for k, v in plan.sizes.items())
-    out = [f"plan for {plan.program.name} at {sizes}", ""]
+    out = [f"plan for {plan.program.name} at {sizes}, for {gpus.LABELS[plan.gpu]}", ""]
     out.append("kernels (in launch order):")
     folded = folds(plan.program, plan.configs)
     previous = None          # the kernel launched before this one in the call

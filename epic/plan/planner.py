@@ -51,6 +51,7 @@ class Plan:
     # buffers that lie in another's memory: a tile the gemm stores for the row combine kernel to finish
     # -> the tile that kernel finishes from it, element by element in place (in_place below)
     aliases: dict[str, str] = field(default_factory=dict)
+    gpu: str | None = None       # the key of the GPU whose heuristic chose the tiles (plan/gpus.py)
 
     def storage(self, name: str) -> str:
         """The buffer whose memory holds `name`."""
@@ -97,7 +98,9 @@ def _nbytes(shape: tuple[int, ...], bits: int) -> int:
     return (n * bits + 7) // 8
 
 
-def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict] | None = None) -> Plan:
+def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict] | None = None,
+              gpu: str | None = None) -> Plan:
+    """The plan at these sizes for the GPU of key `gpu` (plan/gpus.py: the heuristic's tiles differ)."""
     sizes_mod.check_complete(program, sizes, others_too=True)
     sizes_mod.check_indexable(program, sizes)
     diags = layout.check_sizes(program, sizes)
@@ -106,7 +109,7 @@ def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict
     # each gemm's configuration for its own row count (a backward program's dW gemm has N rows)
     configs = {k.name: config_mod.choose(k, sizes_mod.evaluate(k.rows, sizes), (overrides or {}).get(k.name),
                                          program.tensors, sizes_mod.evaluate(k.n, sizes),
-                                         sizes_mod.evaluate(k.k, sizes))
+                                         sizes_mod.evaluate(k.k, sizes), gpu)
                for k in program.kernels if k.kind == "gemm"}
     buffers = {t.name: buffer_of(t, sizes, configs) for t in program.tensors.values()}
     for t in program.tensors.values():
@@ -127,7 +130,7 @@ def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict
     aliases = in_place(program, buffers)
     for pre, tile in aliases.items():
         buffers[pre].layout += f"; in {tile}'s memory (finished in place)"
-    return Plan(program, sizes, steps, buffers, configs, aliases)
+    return Plan(program, sizes, steps, buffers, configs, aliases, gpu)
 
 
 def overwrite_problem(plan: Plan, output: str, inp: str) -> str | None:

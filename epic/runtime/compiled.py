@@ -19,7 +19,7 @@ from ..frontend import options
 from ..codegen import emit
 from ..diagnostics import EpicError, error
 from ..ir.core import Tensor
-from ..plan import planner
+from ..plan import gpus, planner
 from . import background, binding, build, custom_op, derived, executable, fastcall, given_outputs, graphs
 from . import tuning_db as database
 from .kernels import Kernels
@@ -73,12 +73,25 @@ def _gpu_name(device) -> str | None:
     EPIC_NO_TUNING set."""
     if envflags.enabled("EPIC_NO_TUNING"):
         return None
+    return _device_name(device)
+
+
+def _device_name(device) -> str | None:
+    """The CUDA name of `device` (default: the current CUDA device), None without one (a negative
+    index: binding on the CPU)."""
+    if isinstance(device, int) and device < 0:
+        return None
     if device is None:
         if not torch.cuda.is_available():
             return None
         device = torch.device("cuda", torch.cuda.current_device())
     device = torch.device(device)
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    if device.type != "cuda":
+        return None
+    try:
+        return torch.cuda.get_device_name(device)
+    except (AssertionError, RuntimeError):      # a torch without CUDA (the tests' stand-in devices)
+        return None
 
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -130,22 +143,28 @@ class CompiledProgram:
     def plan(self, sizes: dict[str, int], device=None) -> planner.Plan:
         """The plan a call at these sizes on `device` (default: the current CUDA device, if any) runs:
         the configuration the tuning database holds for that GPU (epic tune), under the program's
-        own config, else the heuristic's."""
+        own config, else the heuristic's for that GPU (plan/gpus.py)."""
         gpu = _gpu_name(device)
+        key = gpus.key(_device_name(device))
         tuned = database.lookup(self.program, sizes, gpu, _gemms(self.program)) if gpu else {}
         if tuned:
             merged = {g: _merged(tuned.get(g), self.config.get(g)) for g in {*tuned, *self.config}}
             try:
-                return planner.make_plan(self.program, sizes, merged)
+                return planner.make_plan(self.program, sizes, merged, key)
             except EpicError as e:          # an entry the plan refuses (E216/E217): the heuristic's plan
                 database.ignored(f"a tuned configuration is refused ({e.diagnostics[0].message.splitlines()[0]})")
-        return planner.make_plan(self.program, sizes, self.config)
+        return planner.make_plan(self.program, sizes, self.config, key)
 
-    def units(self, sizes: dict[str, int] | None = None) -> list:
-        """(spec, translation unit) of every kernel for these sizes (default: the large-M configuration);
-        raises E702 for what code generation does not support yet."""
+    def units(self, sizes: dict[str, int] | None = None, keys: tuple | None = None) -> list:
+        """(spec, translation unit) of every kernel for these sizes (default: the large-M configuration),
+        for the GPUs of these keys (default: this machine's GPU, every key without one: plan/gpus.py),
+        without repeats; raises E702 for what code generation does not support yet."""
         m = emit.rows(self.program, sizes)
-        return emit.units(self.program, emit.kernel_configs(self.program, m, self.config, sizes))
+        out = {}
+        for key in keys if keys is not None else gpus.build_keys():
+            for spec, unit in emit.units(self.program, emit.kernel_configs(self.program, m, self.config, sizes, key)):
+                out.setdefault((unit.name, unit.source), (spec, unit))
+        return list(out.values())
 
     def build(self, sizes: dict[str, int] | None = None, jobs: int | None = None) -> list:
         """Build every kernel for these sizes (default: the large-M configuration); no GPU needed."""

@@ -65,17 +65,18 @@ def override(cfg: config_mod.KernelConfig) -> dict:
 
 
 def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6,
-               depth: int | None = None) -> list[config_mod.KernelConfig]:
+               depth: int | None = None, gpu: str | None = None) -> list[config_mod.KernelConfig]:
     """Up to `limit` configurations of this gemm -- the heuristic's first; then one per (schedule,
     tile), best-ranked first, at the heuristic's cluster where legal; then the other clusters of the
     best tiles (the cost model cannot tell clusters apart) -- then the first two with swizzles 1 and 8
     (the heuristic's may lie between) and the other raster orders (along M, along N, CUTLASS's
     heuristic), the heuristic's tile with wider epilogue subtiles, and split-K where the tiles leave
-    most SMs idle; and the heuristic's tile at the other K depth."""
-    heuristic = config_mod.choose(kernel, m, None, tensors, n, depth)
+    most SMs idle; and the heuristic's tile at the other K depth. gpu: the key of the GPU whose
+    heuristic comes first (plan/gpus.py)."""
+    heuristic = config_mod.choose(kernel, m, None, tensors, n, depth, gpu)
     # epic's kernels around the heuristic's CUTLASS configuration, and the vendor's gemm where it can
     # run this gemm (first where the heuristic chose it)
-    first = config_mod.choose(kernel, m, {"backend": "cutlass"}, tensors, n) if heuristic.vendor else heuristic
+    first = config_mod.choose(kernel, m, {"backend": "cutlass"}, tensors, n, gpu=gpu) if heuristic.vendor else heuristic
     vendor = [config_mod.choose(kernel, m, {"backend": b}, tensors, n) for b in vocab.BACKENDS
               if b != "cutlass" and isinstance(backend.vendor_form(kernel, tensors), backend.VendorForm)]
     groups: dict[tuple, list[config_mod.KernelConfig]] = {}

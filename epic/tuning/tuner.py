@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from .. import pipeline, sizes as sizes_mod
 from ..codegen import emit
 from ..diagnostics import EpicError
-from ..plan import planner
+from ..plan import gpus, planner
 from ..runtime import build
 from ..runtime import tuning_db as database
 from . import measure, space
@@ -101,7 +101,7 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
     heuristic_ms = heuristic = None
     gemms = [k for k in program.kernels if k.kind == "gemm"]
     for kernel in gemms:
-        round_trials = _trials(program, sizes, kernel, limit, best)
+        round_trials = _trials(program, sizes, kernel, limit, best, gpus.key(gpu))
         report(f"{kernel.name}: building {len(kernels_of(round_trials))} kernel(s) for {len(round_trials)} "
                "configuration(s)")
         _build_each(builder, round_trials)
@@ -166,15 +166,17 @@ def tune(path_or_source: str, sizes: dict[str, int], limit: int = 6, reps: int =
     return Result(key, best, ms, heuristic_ms or ms, trials)
 
 
-def _trials(program, sizes: dict[str, int], kernel, limit: int, best: dict[str, dict]) -> list[Trial]:
+def _trials(program, sizes: dict[str, int], kernel, limit: int, best: dict[str, dict],
+            key: str | None) -> list[Trial]:
     """One gemm's candidates as trials, each with the kernels its plan builds (the program's other gemms
-    at `best`, the heuristic's where absent); a configuration the plan refuses says why."""
+    at `best`, the heuristic's for the GPU of key `key` where absent: plan/gpus.py); a configuration the
+    plan refuses says why."""
     m, n = sizes_mod.evaluate(kernel.rows, sizes), sizes_mod.evaluate(kernel.n, sizes)   # this gemm's own
     out = []
-    for cfg in space.candidates(kernel, program.tensors, m, n, limit, sizes_mod.evaluate(kernel.k, sizes)):
+    for cfg in space.candidates(kernel, program.tensors, m, n, limit, sizes_mod.evaluate(kernel.k, sizes), key):
         trial = Trial(kernel.name, str(cfg), space.override(cfg))
         try:
-            plan = planner.make_plan(program, sizes, {**best, kernel.name: trial.override})
+            plan = planner.make_plan(program, sizes, {**best, kernel.name: trial.override}, key)
             trial.units = [u for _, u in emit.units(program, plan.configs)]
         except EpicError as e:
             trial.why = e.diagnostics[0].message.splitlines()[0]
@@ -192,7 +194,13 @@ def build_candidates(path_or_source: str, sizes: dict[str, int], limit: int = 6,
     refused or nvcc could not build); E707 where none of a gemm's could be built."""
     program = pipeline.analyze(path_or_source).program
     planner.make_plan(program, sizes)                                  # the sizes are legal at all
-    per_gemm = {k.name: _trials(program, sizes, k, limit, {}) for k in program.kernels if k.kind == "gemm"}
+    per_gemm = {}                             # every GPU's candidates where this machine has none
+    for k in (k for k in program.kernels if k.kind == "gemm"):
+        trials_of: dict[tuple, Trial] = {}     # (configuration, the plan's kernels): the same trial once
+        for key in gpus.build_keys():
+            for t in _trials(program, sizes, k, limit, {}, key):
+                trials_of.setdefault((t.config, tuple(u.name for u in t.units)), t)
+        per_gemm[k.name] = list(trials_of.values())
     trials = [t for ts in per_gemm.values() for t in ts]
     _build_each(builder or (lambda units: build.build_all(units, jobs)), trials)
     for gemm, ts in per_gemm.items():         # none of a gemm's candidates built (nvcc missing, ...)
