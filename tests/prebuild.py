@@ -19,9 +19,9 @@ from epic.codegen import emit
 from epic.plan import gpus
 from epic.runtime import build
 
-from .gpu_cases import (CLUSTER_1X2_CASE, DYNAMIC_CASES, H100_TILE, H100_TILE_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS, SERPENTINE_CASES,
-                        SIZES, SPLIT_CASES, cluster_1x2_config, fold_config, folds, gemm_options,
-                        groups_rows, own_size_cases, path, split_k_config)
+from .gpu_cases import (CLUSTER_1X2_CASE, DYNAMIC_CASES, H100_TILE, H100_TILE_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES,
+                        PROGRAMS, SERPENTINE_CASES, SIZES, SPLIT_CASES, cluster_1x2_config, fold_config, folds,
+                        gemm_options, groups_rows, own_size_cases, path, split_k_config)
 
 # the benchmark's identity epilogue, at its square shape (bench/prebuild.py builds the rest)
 EXTRA = {"bench/programs/plain.epi": lambda m, n, k: dict(M=m, K=4096, N=4096)}
