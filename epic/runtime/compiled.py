@@ -68,12 +68,9 @@ def _merged(tuned: dict | None, given: dict | None) -> dict:
     return {**(tuned or {}), **(given or {})}
 
 
-def _gpu_name(device) -> str | None:
-    """The name of the GPU a call runs on (the tuning database's key), None without one or with
-    EPIC_NO_TUNING set."""
-    if envflags.enabled("EPIC_NO_TUNING"):
-        return None
-    return _device_name(device)
+def _tuning_name(device_name: str | None) -> str | None:
+    """The tuning database's key for a GPU of this name: the name, None with EPIC_NO_TUNING set."""
+    return None if envflags.enabled("EPIC_NO_TUNING") else device_name
 
 
 def _device_name(device) -> str | None:
@@ -144,8 +141,8 @@ class CompiledProgram:
         """The plan a call at these sizes on `device` (default: the current CUDA device, if any) runs:
         the configuration the tuning database holds for that GPU (epic tune), under the program's
         own config, else the heuristic's for that GPU (plan/gpus.py)."""
-        gpu = _gpu_name(device)
-        key = gpus.key(_device_name(device))
+        name = _device_name(device)
+        gpu, key = _tuning_name(name), gpus.key(name)
         tuned = database.lookup(self.program, sizes, gpu, _gemms(self.program)) if gpu else {}
         if tuned:
             merged = {g: _merged(tuned.get(g), self.config.get(g)) for g in {*tuned, *self.config}}
@@ -155,13 +152,13 @@ class CompiledProgram:
                 database.ignored(f"a tuned configuration is refused ({e.diagnostics[0].message.splitlines()[0]})")
         return planner.make_plan(self.program, sizes, self.config, key)
 
-    def units(self, sizes: dict[str, int] | None = None, keys: tuple | None = None) -> list:
+    def units(self, sizes: dict[str, int] | None = None) -> list:
         """(spec, translation unit) of every kernel for these sizes (default: the large-M configuration),
-        for the GPUs of these keys (default: this machine's GPU, every key without one: plan/gpus.py),
-        without repeats; raises E702 for what code generation does not support yet."""
+        for this machine's GPU, or every GPU's heuristic without one (plan/gpus.py), without repeats;
+        raises E702 for what code generation does not support yet."""
         m = emit.rows(self.program, sizes)
         out = {}
-        for key in keys if keys is not None else gpus.build_keys():
+        for key in gpus.build_keys():
             for spec, unit in emit.units(self.program, emit.kernel_configs(self.program, m, self.config, sizes, key)):
                 out.setdefault((unit.name, unit.source), (spec, unit))
         return list(out.values())
@@ -181,7 +178,7 @@ class CompiledProgram:
     def unfused_choice(self, sizes: dict[str, int], device=None) -> str | None:
         """Under fallback="auto": "eager" or "compiled" where the tuning database says that unfused form
         beat the fused kernels at these sizes on this GPU, else None (the fused kernels run)."""
-        gpu = _gpu_name(device)
+        gpu = _tuning_name(_device_name(device))
         if self.fallback != "auto" or gpu is None:
             return None
         entry = database.entries(self.program, sizes).get(gpu)
