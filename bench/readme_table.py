@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     names = [c for c in args.candidates.split(",") if c] or None
     print(table(results, names))
-    print(f"\n({control_range(results)}; {data.get('command', 'command not recorded')})")
+    command = data.get("command") or data.get("meta", {}).get("command") or "command not recorded"
+    print(f"\n({control_range(results)}; {command})")
     return 0
 
 

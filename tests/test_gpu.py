@@ -202,8 +202,9 @@ def _ids(cases):
 
 @pytest.mark.parametrize("name, size", H100_TILE_CASES, ids=_ids([(n, s, {}) for n, s in H100_TILE_CASES]))
 def test_the_h100_tile_matches_reference(name, size):
-    """The tile an H100's heuristic gives element-wise epilogues at N = 4096 (cooperative 128x256, cluster
-    2x1), on whatever GPU runs the suite, at ragged sizes, into poisoned outputs."""
+    """The tile an H100's heuristic gives element-wise and block-quantizing epilogues at N = 4096
+    (cooperative 128x256, cluster 2x1), on whatever GPU runs the suite, at ragged sizes, into poisoned
+    outputs."""
     prog = epic.compile(path(name), config=gemm_options(compiled(name).program, H100_TILE))
     assert all(c.tile == (128, 256, 64) for c in prog.plan(PROGRAMS[name](*size)).configs.values())
     _check_against_reference(prog, name, size)

@@ -1,5 +1,5 @@
 """The heuristic's tiles per GPU (plan/gpus.py): an H100 SXM takes cooperative 128x256 for element-wise
-epilogues that store one tensor, at many rows and an N that 192-wide tiles do not fit; every other GPU,
+epilogues that store one tile (and 1xB block quantization, its scales a second store), at many rows and an N that 192-wide tiles do not fit; every other GPU,
 and every other gemm, keeps the H200-measured choice. Calls plan for the GPU they run on; `epic plan`
 and `epic compile` for --gpu; bundles and builds without a GPU hold both."""
 from unittest import mock
@@ -21,6 +21,11 @@ BIAS_GELU = ("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  in bias: bf16[N]\n"
              "  out y: bf16 = gelu(acc + bias)\n}\n")
 RESIDUAL_ADD = "gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  in z: bf16[M, N]\n  out y: bf16 = acc + z\n}\n"
 ROW_STATISTIC = "gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out r: f32[M] = rsqrt(row_mean(acc * acc) + 1e-6)\n}\n"
+FP8_BLOCK_QUANT = ("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  s = fp8_e4m3_scale(acc, 128)\n"
+                   "  out q: e4m3 = acc / s\n  out q_scale: f32[M, N/128] = s\n}\n")
+# a block statistic and a pair map (QK-norm + RoPE's kind of epilogue), one store
+BLOCK_NORM_PAIRS = ("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  r = rsqrt(block_mean(acc * acc, 128) + 1e-6)\n"
+                    "  n = acc * r\n  out y: bf16 = interleave(even(n) - odd(n), odd(n) + even(n))\n}\n")
 TWO_STORES = ("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  in z: bf16[M, N]\n  out h: bf16 = acc + z\n"
               "  out y: bf16 = gelu(acc + z)\n}\n")
 
@@ -46,12 +51,21 @@ def test_an_h100_takes_the_cooperative_tile_for_element_wise_epilogues(text, siz
     assert tile(text, sizes, None) == PING
 
 
+def test_an_h100_takes_the_cooperative_tile_for_block_quantization():
+    """fp8 1x128 block quantization (a block statistic as a quantizing store's scale, the scales stored
+    too) measured faster with it on an H100 at M = 4096 and 8192, interleaved and back to back."""
+    for sizes in (dict(M=8192, K=4096, N=4096), dict(M=4096, K=4096, N=4096)):
+        assert tile(FP8_BLOCK_QUANT, sizes, gpus.H100) == COOP
+        assert tile(FP8_BLOCK_QUANT, sizes, None) == PING
+
+
 @pytest.mark.parametrize("text, sizes", [
     (ROW_STATISTIC, dict(M=8192, K=4096, N=4096)),      # a row statistic: measured level or slower
+    (BLOCK_NORM_PAIRS, dict(M=8192, K=4096, N=4096)),   # QK-norm's kind: slower back to back
     (TWO_STORES, dict(M=8192, K=4096, N=4096)),         # two stores: not measured
     (PLAIN, dict(M=2048, K=4096, N=4096)),              # fewer rows than measured
     (PLAIN, dict(M=8192, K=4096, N=4000)),              # N not a multiple of 256
-], ids=["row_statistic", "two_stores", "2048_rows", "n_4000"])
+], ids=["row_statistic", "block_norm_pairs", "two_stores", "2048_rows", "n_4000"])
 def test_an_h100_keeps_the_default_elsewhere(text, sizes):
     assert tile(text, sizes, gpus.H100) == tile(text, sizes, None)
 

@@ -15,7 +15,9 @@ Heuristic (chosen from H200 measurements: docs/PERFORMANCE.md, "Tuning"):
   on an H100   cooperative 128x256x64 instead of  the pingpong 128x128 tile's slow mode there
   SXM          pingpong 128x128 from M = 4096 for (H100_COOPERATIVE below; plan/gpus.py)
                element-wise epilogues with one
-               store and N a multiple of 256
+               tile store (and 1xB block
+               quantization's scales) and N a
+               multiple of 256
 The tile width is then narrowed if a 1xB block does not divide it. A file that fixes the tile but
 not the schedule gets a schedule that accepts the tile. Unless the file or the call gives one, the
 swizzle is the largest (up to 8) that adds no padding tiles to the grid, in whichever raster order
@@ -256,11 +258,19 @@ WIDE_N = [KernelConfig("pingpong", (128, 192, 64), (2, 1), swizzle=8)]
 # docs/PERFORMANCE.md, "On an H100 the default tile at N = 4096 has a slow mode"). Back to back at
 # M = 8192 the plain gemm 0.4066 against 0.4396 ms, the down gemm (K = 14336) 1.3786 against 1.5308
 # (bench/results/2026-12-07-h100-n4096-coop.log). Not where the epilogue has a row statistic: residual +
-# RMSNorm read level or slower with it (0.4587 against 0.4547 ms), and on the H200 the cooperative tile
-# is slower (plain 1.012 against 0.987: 2026-12-01-h200-interleaved-defaults.json).
+# RMSNorm read level or slower with it (0.4587 against 0.4547 ms; on another machine 0.4555 against
+# 0.4514, interleaved 1.160 against 1.147), and on the H200 the cooperative tile is slower (plain 1.012
+# against 0.987: 2026-12-01-h200-interleaved-defaults.json). 1xB block quantization (a block statistic
+# as the scale of a quantizing store, its scales a second store) takes it too: fp8 1x128 at M = 4096 /
+# 8192, interleaved 1.028 / 1.042 against 1.157 / 1.135, back to back 0.2103 / 0.4217 against 0.2195 /
+# 0.4324 ms (2026-12-07-h100-n4096-blocks-tiles.log, -stats-tiles.log). Not QK-norm + RoPE (a block
+# statistic and a pair map): interleaved 1.142 / 1.129 against 1.171 / 1.111, back to back slower
+# (0.2240 / 0.4472 against 0.2221 / 0.4368 ms).
 H100_COOPERATIVE = [KernelConfig("cooperative", (128, 256, 64), (2, 1), swizzle=8)]
 H100_COOPERATIVE_ROWS = 4096
 ELEMENT_FAMILIES = (P.Family.SOURCE, P.Family.ELEMENTWISE, P.Family.COMPARE, P.Family.SELECT, P.Family.CAST)
+# what an epilogue may compute and still take H100_COOPERATIVE: element-wise math and block statistics
+H100_COOPERATIVE_FAMILIES = ELEMENT_FAMILIES + (P.Family.BLOCK,)
 WIDE = 8192       # decode (M <= 256) takes 64x128 tiles above this N
 # Decode gemms of at most 64 rows whose grid has at least DEEP_K_TILES tiles take K = 128 tiles (half
 # the mainloop iterations, each loading twice as much). M = 64, two runs (L2 flushed by a read and by a write; bench/results/
@@ -315,11 +325,14 @@ def heuristic(m: int, blocks: set[int] | None = None, kernel=None, tensors: dict
 
 def _h100_cooperative(kernel, m: int, n: int | None) -> bool:
     """Where an H100 takes H100_COOPERATIVE: many rows, N a multiple of 256 that 192-wide tiles do not
-    fit, and an epilogue that computes each element from its own (no reduction, no block, no pair) and
-    stores one tensor."""
+    fit, and an epilogue that computes each element from its own row's block at most (no row or column
+    statistic, no pair map) and stores one tile, plus any 1xB block values (quantization's scales)."""
     if kernel is None or n is None or m < H100_COOPERATIVE_ROWS or n % 256 or _wide(n):
         return False
-    return len(kernel.stores) == 1 and all(P.family(v.op) in ELEMENT_FAMILIES for v in kernel.values)
+    tiles = [s for s in kernel.stores if s.value.kind is Kind.TILE]
+    others = [s for s in kernel.stores if s.value.kind is not Kind.TILE]
+    return (len(tiles) == 1 and all(s.value.kind is Kind.BLOCK for s in others)
+            and all(P.family(v.op) in H100_COOPERATIVE_FAMILIES for v in kernel.values))
 
 
 def _deep_k(cfg: KernelConfig, m: int, n: int) -> list[KernelConfig]:
