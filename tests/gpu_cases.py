@@ -116,13 +116,12 @@ DYNAMIC_CASES = [("samples/residual_rmsnorm.epi", (8191, 392, 200), {}),
                  ("samples/prenorm_mlp.epi", (8191, 392, 200), {}),
                  ("samples/swiglu.epi", (333, 392, 200), {})]
 
-# The tile an H100's heuristic gives element-wise epilogues that store one tensor (plan/config.py's
-# H100_COOPERATIVE), set explicitly so that any GPU runs it: M and K ragged, N a multiple of 256
+# The tile an H100's heuristic gives element-wise epilogues that store one tile, and 1xB block
+# quantization (plan/config.py's H100_COOPERATIVE), set explicitly so that any GPU runs it: M and K
+# ragged, N a multiple of 256; fp8 with 1x128 scales, int4 packed
 H100_TILE = {"schedule": "cooperative", "tile": (128, 256, 64), "cluster": (2, 1)}
-H100_TILE_CASES = [("samples/bias_gelu.epi", (4100, 768, 136)), ("samples/bias_gelu.epi", (77, 512, 200)),
-                   # 1xB block quantization takes it too: 1x128 fp8 scales and packed int4
-                   ("samples/fp8_block_quant.epi", (4100, 768, 136)), ("samples/fp8_block_quant.epi", (77, 512, 200)),
-                   ("samples/int4_pack.epi", (333, 768, 136))]
+H100_TILE_CASES = [(name, size) for name in ("samples/bias_gelu.epi", "samples/fp8_block_quant.epi")
+                   for size in ((4100, 768, 136), (77, 512, 200))] + [("samples/int4_pack.epi", (333, 768, 136))]
 
 # load_hint=none (the mainloop's TMA loads without an L2 cache policy) on every gemm: a row statistic,
 # a ragged element-wise epilogue along M, the pre-norm chain, and with the serpentine order beside it

@@ -1,6 +1,7 @@
 """The heuristic's tiles per GPU (plan/gpus.py): an H100 SXM takes cooperative 128x256 for element-wise
-epilogues that store one tile (and 1xB block quantization, its scales a second store), at many rows and an N that 192-wide tiles do not fit; every other GPU,
-and every other gemm, keeps the H200-measured choice. Calls plan for the GPU they run on; `epic plan`
+epilogues that store one tile (and for 1xB block quantization, its scales a second store), at many rows
+and an N that 192-wide tiles do not fit; every other GPU, and every other gemm, keeps the H200-measured
+choice. Calls plan for the GPU they run on; `epic plan`
 and `epic compile` for --gpu; bundles and builds without a GPU hold both."""
 from unittest import mock
 
