@@ -9,7 +9,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import epic  # noqa: E402
 from epic.codegen import emit  # noqa: E402
 from epic.diagnostics import EpicError  # noqa: E402
-from epic.plan import gpus  # noqa: E402
 from epic.runtime import build, fastcall  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -41,23 +40,21 @@ def main() -> int:
             variants = [None] + [parse_config(c) for c in filter(None, args.configs.split(","))]
             for cfg in variants:
                 overrides = {g: cfg for g in gemms} if cfg else None
-                for key in gpus.KEYS:          # the device may be an H100 or an H200: both heuristics' kernels
-                    try:
-                        configs = emit.kernel_configs(prog.program, m, overrides, DIMS[name](m), key)
-                    except EpicError as e:     # a configuration this program cannot take (bench.py records why)
-                        print(f"skipped {name} M={m} {cfg}: {str(e).splitlines()[0]}")
-                        break
-                    for _, u in emit.units(prog.program, configs):
-                        units[(u.name, u.source)] = u
+                try:        # the device may be an H100 or an H200: both heuristics' kernels
+                    built = emit.units_for_gpus(prog.program, m, overrides, DIMS[name](m))
+                except EpicError as e:         # a configuration this program cannot take (bench.py records why)
+                    print(f"skipped {name} M={m} {cfg}: {str(e).splitlines()[0]}")
+                    continue
+                for _, u in built:
+                    units[(u.name, u.source)] = u
             variants = ([nodes_from(args.nodes_from)] if args.nodes_from else []) + \
                 [combine_rows(*combine_rows_label(f"rows{r}")) for r in filter(None, args.combine_rows.split(","))] + \
                 [combine_variant(v) for v in args.combine_variants]
             for variant in variants:
                 with variant:       # compiled anew: a variant may change the passes (unpicked)
                     other = epic.compile(os.path.join(ROOT, WORK[name][0])).program
-                    for key in gpus.KEYS:
-                        for _, u in emit.units(other, emit.kernel_configs(other, m, None, DIMS[name](m), key)):
-                            units[(u.name, u.source)] = u
+                    for _, u in emit.units_for_gpus(other, m, None, DIMS[name](m)):
+                        units[(u.name, u.source)] = u
     fastcall.start(warn=False)          # the compiled call path's launcher, beside nvcc
     for p in build.build_all(list(units.values())):
         print(p)

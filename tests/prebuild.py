@@ -16,7 +16,6 @@ from pathlib import Path
 
 import epic
 from epic.codegen import emit
-from epic.plan import gpus
 from epic.runtime import build
 
 from .gpu_cases import (CLUSTER_1X2_CASE, DYNAMIC_CASES, H100_TILE, H100_TILE_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES,
@@ -81,9 +80,8 @@ def all_units(only: list[str], training: bool) -> list:
         else:
             overrides = ({"split": split_k_config, "fold": fold_config, "cluster": cluster_1x2_config}[variant](prog.program)
                          if variant not in (None, "many_rows") else None)
-        for key in gpus.KEYS:       # the device may be an H100 or an H200: both heuristics' kernels
-            configs = emit.kernel_configs(prog.program, sizes["M"], overrides, sizes, key)
-            units += [u for _, u in emit.units(prog.program, configs)]
+        # the device may be an H100 or an H200: both heuristics' kernels
+        units += [u for _, u in emit.units_for_gpus(prog.program, sizes["M"], overrides, sizes)]
     if not only or "bench/programs/plain.epi" in only:
         from . import test_gpu_tile_trace
         units += test_gpu_tile_trace.units()

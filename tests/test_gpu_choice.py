@@ -27,6 +27,9 @@ FP8_BLOCK_QUANT = ("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  s = fp8_e4m3_scal
 # a block statistic and a pair map (QK-norm + RoPE's kind of epilogue), one store
 BLOCK_NORM_PAIRS = ("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  r = rsqrt(block_mean(acc * acc, 128) + 1e-6)\n"
                     "  n = acc * r\n  out y: bf16 = interleave(even(n) - odd(n), odd(n) + even(n))\n}\n")
+# a block statistic that does not quantize (QK-norm's head RMS without RoPE): not measured alone
+BLOCK_NORM = ("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  r = rsqrt(block_mean(acc * acc, 128) + 1e-6)\n"
+              "  out y: bf16 = acc * r\n}\n")
 TWO_STORES = ("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  in z: bf16[M, N]\n  out h: bf16 = acc + z\n"
               "  out y: bf16 = gelu(acc + z)\n}\n")
 
@@ -63,10 +66,11 @@ def test_an_h100_takes_the_cooperative_tile_for_block_quantization():
 @pytest.mark.parametrize("text, sizes", [
     (ROW_STATISTIC, dict(M=8192, K=4096, N=4096)),      # a row statistic: measured level or slower
     (BLOCK_NORM_PAIRS, dict(M=8192, K=4096, N=4096)),   # QK-norm's kind: slower back to back
+    (BLOCK_NORM, dict(M=8192, K=4096, N=4096)),         # a block statistic stored as bf16: not measured
     (TWO_STORES, dict(M=8192, K=4096, N=4096)),         # two stores: not measured
     (PLAIN, dict(M=2048, K=4096, N=4096)),              # fewer rows than measured
     (PLAIN, dict(M=8192, K=4096, N=4000)),              # N not a multiple of 256
-], ids=["row_statistic", "block_norm_pairs", "two_stores", "2048_rows", "n_4000"])
+], ids=["row_statistic", "block_norm_pairs", "block_norm", "two_stores", "2048_rows", "n_4000"])
 def test_an_h100_keeps_the_default_elsewhere(text, sizes):
     assert tile(text, sizes, gpus.H100) == tile(text, sizes, None)
 

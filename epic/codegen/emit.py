@@ -18,7 +18,7 @@ from ..diagnostics import EpicError
 from ..version import __version__
 from ..ir.core import Program
 from ..plan import config as config_mod
-from ..plan import planner
+from ..plan import gpus, planner
 from . import combine, cxx, evt, functor, vendor
 from .unit import Unit
 
@@ -157,6 +157,17 @@ def units(program: Program, configs: dict[str, config_mod.KernelConfig]) -> list
         else:
             out.append((spec, Unit(spec.symbol, render_combine(spec), uses_cutlass=False)))
     return out
+
+
+def units_for_gpus(program: Program, m: int, overrides: dict | None = None, sizes: dict | None = None,
+                   keys: tuple = gpus.KEYS) -> list[tuple[object, Unit]]:
+    """units() of the configurations at row count m for each GPU key's heuristic (plan/gpus.py: an
+    H100's differs from an H200's at some shapes), each kernel once: what a build for those GPUs makes."""
+    out = {}
+    for key in keys:
+        for spec, unit in units(program, kernel_configs(program, m, overrides, sizes, key)):
+            out.setdefault((unit.name, unit.source), (spec, unit))
+    return list(out.values())
 
 
 DEFAULT_M = 8192   # `epic compile/build` without --shape: the large-M (prefill) configuration

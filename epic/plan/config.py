@@ -310,7 +310,7 @@ def heuristic(m: int, blocks: set[int] | None = None, kernel=None, tensors: dict
     """n: the gemm's N where the sizes are known (None: not a wide one); gpu: the key of the GPU the
     plan is for (plan/gpus.py)."""
     large = WIDE_N + LARGE_M if _wide(n) else LARGE_M
-    if gpu == gpus.H100 and _h100_cooperative(kernel, m, n):
+    if gpu == gpus.H100 and _h100_cooperative(kernel, tensors, m, n):
         large = H100_COOPERATIVE + large
     small = SMALL_M_WIDE + SMALL_M if n is not None and n > WIDE else SMALL_M
     ladder = [_with_blocks(c, blocks, split=m <= 256) for c in (small if m <= 256 else large)]
@@ -323,16 +323,22 @@ def heuristic(m: int, blocks: set[int] | None = None, kernel=None, tensors: dict
     return ladder[0]
 
 
-def _h100_cooperative(kernel, m: int, n: int | None) -> bool:
+def _h100_cooperative(kernel, tensors: dict | None, m: int, n: int | None) -> bool:
     """Where an H100 takes H100_COOPERATIVE: many rows, N a multiple of 256 that 192-wide tiles do not
-    fit, and an epilogue that computes each element from its own row's block at most (no row or column
-    statistic, no pair map) and stores one tile, plus any 1xB block values (quantization's scales)."""
-    if kernel is None or n is None or m < H100_COOPERATIVE_ROWS or n % 256 or _wide(n):
+    fit, and an epilogue that computes each element from its own (no row or column statistic, no pair
+    map) and stores one tile; or 1xB block quantization: block statistics as the scales of a tile store
+    of 8 bits or fewer, the scales a second store. (A block statistic that does not quantize, as
+    QK-norm's head RMS, was not measured alone: it keeps the default.)"""
+    if kernel is None or tensors is None or n is None or m < H100_COOPERATIVE_ROWS or n % 256 or _wide(n):
         return False
     tiles = [s for s in kernel.stores if s.value.kind is Kind.TILE]
     others = [s for s in kernel.stores if s.value.kind is not Kind.TILE]
-    return (len(tiles) == 1 and all(s.value.kind is Kind.BLOCK for s in others)
-            and all(P.family(v.op) in H100_COOPERATIVE_FAMILIES for v in kernel.values))
+    if len(tiles) != 1 or any(s.value.kind is not Kind.BLOCK for s in others):
+        return False
+    if not all(P.family(v.op) in H100_COOPERATIVE_FAMILIES for v in kernel.values):
+        return False
+    blockwise = any(P.family(v.op) is P.Family.BLOCK for v in kernel.values)
+    return not blockwise or tensors[tiles[0].tensor].dtype.bits <= 8
 
 
 def _deep_k(cfg: KernelConfig, m: int, n: int) -> list[KernelConfig]:

@@ -9,7 +9,6 @@ from pathlib import Path
 from ..codegen import emit
 from ..diagnostics import EpicError, error
 from ..frontend.sources import MAX_BYTES, printable, read_bytes
-from ..plan import gpus
 from . import build as build_mod, bundle
 from . import tuning_db as database     # the tuning database (moved here from epic/tuning)
 
@@ -20,9 +19,8 @@ def units(program, sizes: dict | None, rows: list[int] | None) -> list:
     heuristic differs from an H200's), without repeats."""
     out = {}
     for m in rows or [emit.rows(program, sizes)]:
-        for key in gpus.KEYS:
-            for _, unit in emit.units(program, emit.kernel_configs(program, m, None, sizes, key)):
-                out.setdefault((unit.name, unit.source), unit)
+        for _, unit in emit.units_for_gpus(program, m, None, sizes):
+            out.setdefault((unit.name, unit.source), unit)
     return list(out.values())
 
 

@@ -156,12 +156,8 @@ class CompiledProgram:
         """(spec, translation unit) of every kernel for these sizes (default: the large-M configuration),
         for this machine's GPU, or every GPU's heuristic without one (plan/gpus.py), without repeats;
         raises E702 for what code generation does not support yet."""
-        m = emit.rows(self.program, sizes)
-        out = {}
-        for key in gpus.build_keys():
-            for spec, unit in emit.units(self.program, emit.kernel_configs(self.program, m, self.config, sizes, key)):
-                out.setdefault((unit.name, unit.source), (spec, unit))
-        return list(out.values())
+        return emit.units_for_gpus(self.program, emit.rows(self.program, sizes), self.config, sizes,
+                                   gpus.build_keys())
 
     def build(self, sizes: dict[str, int] | None = None, jobs: int | None = None) -> list:
         """Build every kernel for these sizes (default: the large-M configuration); no GPU needed."""
