@@ -53,6 +53,10 @@ def run_sharded(prog, *, group=None, column_inputs: tuple[str, ...] = (), **inpu
     n_local = local_sizes[gemm.n.names[0]]
     out = prog(keep=True, **shard_columns(program, inputs, column_inputs, rank, n_local))
     bound = next(b for b in prog._bound.values() if b.plan.sizes == local_sizes)
+    if bound.plan.configs[gemm.name].combine == "tail":
+        raise error("E216", f"run_sharded merges the ranks' per-tile partials, and gemm '{gemm.name}' has "
+                    "combine=tail, which computes none (its tail kernel reduces each rank's rows alone)", gemm.span,
+                    "use combine=kernel (the default) for a sharded call")
     tile_n = bound.plan.configs[gemm.name].tile_n
     if n_local % tile_n:
         raise error("E607", f"each rank's {n_local} columns must be a whole number of the gemm's {tile_n}-column "

@@ -232,6 +232,17 @@ def fold_config(program) -> dict:
     return {k.name: dict(FOLD) for k in program.kernels if k.kind == "gemm"}
 
 
+def tail_config(program) -> dict:
+    """combine=tail on every gemm the tail can run (epic/plan/tail.py), the default on the others."""
+    from epic.plan import tail
+    return {k.name: {"combine": "tail"} for k in program.kernels if k.kind == "gemm" and tail.refusal(program, k) is None}
+
+
+# combine=tail: ragged and whole tiles at the small-M configuration, one large-M configuration, and
+# decode's shape (one CTA per row over 4096 columns: the vector path; 4104: the column-by-column path)
+TAIL_SIZES = [(1, 392, 200), (77, 392, 200), (256, 512, 256), (300, 264, 136), (64, 4096, 256), (7, 4104, 136)]
+
+
 def folds(program) -> bool:
     """Whether combine=fold folds any of the program's combine kernels."""
     from epic.plan import config as config_mod, planner

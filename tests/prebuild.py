@@ -19,8 +19,8 @@ from epic.codegen import emit
 from epic.runtime import build
 
 from .gpu_cases import (CLUSTER_1X2_CASE, DYNAMIC_CASES, H100_TILE, H100_TILE_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES,
-                        PROGRAMS, SERPENTINE_CASES, SIZES, SPLIT_CASES, cluster_1x2_config, fold_config, folds,
-                        gemm_options, groups_rows, own_size_cases, path, split_k_config)
+                        PROGRAMS, SERPENTINE_CASES, SIZES, SPLIT_CASES, TAIL_SIZES, cluster_1x2_config, fold_config, folds,
+                        gemm_options, groups_rows, own_size_cases, path, split_k_config, tail_config)
 
 # the benchmark's identity epilogue, at its square shape (bench/prebuild.py builds the rest)
 EXTRA = {"bench/programs/plain.epi": lambda m, n, k: dict(M=m, K=4096, N=4096)}
@@ -54,6 +54,7 @@ def all_units(only: list[str], training: bool) -> list:
         [(name, table[name](*size), "split") for name, size in SPLIT_CASES] + \
         [(CLUSTER_1X2_CASE[0], table[CLUSTER_1X2_CASE[0]](*CLUSTER_1X2_CASE[1]), "cluster")] + \
         [(name, table[name](*size), "fold") for name in PROGRAMS for size in SIZES] + \
+        [(name, table[name](*size), "tail") for name in PROGRAMS for size in TAIL_SIZES] + \
         [(name, table[name](*size), ("options", {"tile_order": "serpentine", **extra}))
          for name, size, extra in SERPENTINE_CASES] + \
         [(name, table[name](*size), ("options", {"tile_order": "dynamic", **extra}))
@@ -73,12 +74,14 @@ def all_units(only: list[str], training: bool) -> list:
         if name not in programs:
             programs[name] = epic.compile(path(name))
         prog = programs[name]
-        if (variant == "fold" and not folds(prog.program)) or (variant == "many_rows" and not groups_rows(prog.program)):
+        if (variant == "fold" and not folds(prog.program)) or (variant == "many_rows" and not groups_rows(prog.program)) \
+                or (variant == "tail" and not tail_config(prog.program)):
             continue
         if isinstance(variant, tuple):
             overrides = gemm_options(prog.program, variant[1])
         else:
-            overrides = ({"split": split_k_config, "fold": fold_config, "cluster": cluster_1x2_config}[variant](prog.program)
+            overrides = ({"split": split_k_config, "fold": fold_config, "cluster": cluster_1x2_config,
+                          "tail": tail_config}[variant](prog.program)
                          if variant not in (None, "many_rows") else None)
         # the device may be an H100 or an H200: both heuristics' kernels
         units += [u for _, u in emit.units_for_gpus(prog.program, sizes["M"], overrides, sizes)]

@@ -28,9 +28,9 @@ from epic.plan import gpus
 
 from .gpu_cases import (CLUSTER_1X2_CASE, DEPENDENT_FIRST_CASES, DETERMINISM_CASES, DYNAMIC_CASES, H100_TILE,
                         H100_TILE_CASES, HF_BLOCK_CASE, MEMCHECK_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS,
-                        QUANT_SIZES, SERPENTINE_CASES, SIZES, SPLIT_CASES,
+                        QUANT_SIZES, SERPENTINE_CASES, SIZES, SPLIT_CASES, TAIL_SIZES,
                         TORCH_COMPILE_CASE, XENT_D, XENT_SIZES, cluster_1x2_config, fold_config, folds, gemm_options,
-                        groups_rows, make_inputs, path, split_k_config, to_device)
+                        groups_rows, make_inputs, path, split_k_config, tail_config, to_device)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (see docs/GPU.md)")]
@@ -128,9 +128,9 @@ def _contraction(program, name, sizes) -> int:
 def _recompute(prog, inputs, out, sizes, plan, name):
     """The reference value of `name`, computed from the GPU's values of every other tensor the kernels
     store (outputs a later kernel reads included), so only the kernel that stores `name` is under test."""
-    others = {t.name: as_values(out[t.name], t.dtype.name) for t in prog.program.tensors.values()
+    others = {t.name: as_values(out[t.name], t.dtype.name) for t in plan.program.tensors.values()
               if t.role in ("out", "tmp", "buffer", "partial") and t.name != name and t.name not in plan.aliases}
-    interp = reference.Interpreter(prog.program, sizes, exact=False, tiles=plan.tiles())
+    interp = reference.Interpreter(plan.program, sizes, exact=False, tiles=plan.tiles())
     interp.run(inputs, override=others)
     return interp.store[name]
 
@@ -316,6 +316,26 @@ def test_folded_combine_kernels_match_reference_and_are_deterministic(name, size
                 f"{name}: {t} differs between runs"
 
 
+@pytest.mark.parametrize("size", TAIL_SIZES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_tail_kernels_match_reference_and_are_deterministic(name, size):
+    """combine=tail (epic/plan/tail.py): the gemm stores its accumulator, one kernel per row runs the
+    epilogue and the row statistics after it; every buffer within the reference's tolerance (each
+    kernel on the GPU's inputs to it) and the same bytes every run."""
+    config = tail_config(compiled(name).program)
+    if not config:
+        pytest.skip("no gemm the tail can run")
+    prog = epic.compile(path(name), config=config)
+    sizes = PROGRAMS[name](*size)
+    assert sum(k.kind == "tail" for k in prog.plan(sizes).program.kernels) == len(config)
+    out = _check_against_reference(prog, name, size)
+    again = prog(poison=True, keep=True, **to_device(prog.program, make_inputs(
+        prog.analysis.source_program, sizes, seed_of(name, size))))
+    for t, x in out.items():
+        assert torch.equal(x.reshape(-1).view(torch.uint8), again[t].reshape(-1).view(torch.uint8)), \
+            f"{name}: {t} differs between runs"
+
+
 def test_folded_combine_on_two_streams_at_once():
     """Each stream has its own row block counters: calls racing on two streams give the bytes of one
     call alone (shared counters would let one launch's CTAs complete the other's row blocks)."""
@@ -358,17 +378,18 @@ def _check_against_reference(prog, name, size) -> dict:
     out = prog(poison=True, keep=True, **to_device(prog.program, inputs))
     torch.cuda.synchronize()
     plan = prog.plan(sizes)
+    program = plan.program       # the plan's kernels (a gemm with combine=tail and its tail kernel)
     # a buffer finished in place (plan.aliases) holds the finished tile after the call: that one is checked
-    checked = [t for t in prog.program.tensors.values()
+    checked = [t for t in program.tensors.values()
                if t.role in ("out", "tmp", "buffer", "partial") and t.name not in plan.aliases]
-    fp8 = any(prog.program.tensors[k.a].dtype.name in ("e4m3", "e5m2") for k in prog.program.kernels if hasattr(k, "a"))
-    f16_acc = any(getattr(k, "acc", None) is dtypes.F16 for k in prog.program.kernels)
-    narrowed = _narrows_inside(prog.program)
+    fp8 = any(program.tensors[k.a].dtype.name in ("e4m3", "e5m2") for k in program.kernels if hasattr(k, "a"))
+    f16_acc = any(getattr(k, "acc", None) is dtypes.F16 for k in program.kernels)
+    narrowed = _narrows_inside(program)
     for t in checked:
         want = _recompute(prog, inputs, out, sizes, plan, t.name)
         try:
             check_close(t.name, as_values(out[t.name], t.dtype.name), want, t.dtype.name, fp8_gemm=fp8,
-                        f16_acc=f16_acc, narrowed=narrowed, contraction=_contraction(prog.program, t.name, sizes))
+                        f16_acc=f16_acc, narrowed=narrowed, contraction=_contraction(program, t.name, sizes))
         except AssertionError as e:
             raise AssertionError(f"{name} at {sizes} (seed {seed}): {e}") from None
     return out

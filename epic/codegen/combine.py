@@ -315,16 +315,19 @@ IN_FLIGHT_BYTES = 128     # bytes of tile reads each lane starts before it compu
 
 def steps_in_flight(tile_reads: dict) -> int:
     """Vector steps a lane loads before computing any: IN_FLIGHT_BYTES of its widest tile read."""
-    widest = max((dt.bits for _, dt in tile_reads.values()), default=16)
+    widest = max((read[1].bits for read in tile_reads.values()), default=16)
     return max(1, min(4, IN_FLIGHT_BYTES * 8 // (VEC * widest)))
 
 
-def _vector_loop(program: Program, stored: list, writer, width: str, tile_reads: dict, ptr) -> list[str]:
+def _vector_loop(program: Program, stored: list, writer, width: str, tile_reads: dict, ptr,
+                 lane: str = "lane", lanes: str = "32") -> list[str]:
     """The per-column loop without packed stores: where W is a multiple of VEC (every row then starts
     VEC-element aligned, and tensors are 16-byte aligned), each lane moves VEC consecutive columns per
     step with vector loads and stores (8, 16 or 32 bytes), loading U steps (steps_in_flight) before it
     computes and stores them (a finished tile may be written over the one it reads: each element is
-    read and written by one lane, its read first); else one column per step."""
+    read and written by one lane, its read first); else one column per step. lane, lanes: the C++ of
+    the thread's index among the row's threads and their count (a warp's lanes here; a tail kernel's
+    CTA, codegen/tail.py)."""
     outs = {s.tensor: ptr("out", program.tensors[s.tensor].name, program.tensors[s.tensor].dtype) for s in stored}
     steps = steps_in_flight(tile_reads)
 
@@ -340,18 +343,19 @@ def _vector_loop(program: Program, stored: list, writer, width: str, tile_reads:
                          f"static_cast<{t.dtype.cuda}*>({outs[s.tensor]})[(long long)m * W + n] = {conv};")
         return lines
 
-    step = f"j0 + (long long)q * 32 * {VEC}"
+    step = f"j0 + (long long)q * {lanes} * {VEC}"
     lines = [f"const long long W = (long long)({width});", f"if (W % {VEC} == 0) {{",
-             f"  for (long long j0 = (long long)lane * {VEC}; j0 < W; j0 += 32 * {VEC} * {steps}) {{"]
-    for pp, dt in tile_reads.values():
+             f"  for (long long j0 = (long long){lane} * {VEC}; j0 < W; j0 += {lanes} * {VEC} * {steps}) {{"]
+    for pp, dt, *_ in tile_reads.values():
         lines.append(f"    alignas(16) {dt.cuda} in_{pp}[{steps}][{VEC}];")
     for s in stored:
         lines.append(f"    alignas(16) {program.tensors[s.tensor].dtype.cuda} out_{outs[s.tensor]}[{steps}][{VEC}];")
     if tile_reads:
         lines += ["    #pragma unroll", f"    for (int q = 0; q < {steps}; ++q) {{", f"      const long long j = {step};",
                   "      if (j >= W) break;"]
-        for pp, dt in tile_reads.values():
-            lines.append(f"      {_copy(f'in_{pp}[q]', f'static_cast<const {dt.cuda}*>({pp}) + (long long)m * W + j', dt)}")
+        for pp, dt, *row in tile_reads.values():     # (pointer, dtype[, False: a row vector, indexed by column])
+            at = "(long long)m * W + j" if not row or row[0] else "j"
+            lines.append(f"      {_copy(f'in_{pp}[q]', f'static_cast<const {dt.cuda}*>({pp}) + {at}', dt)}")
         lines.append("    }")
     lines += ["    #pragma unroll", f"    for (int q = 0; q < {steps}; ++q) {{", f"      const long long j = {step};",
               "      if (j >= W) break;", "      #pragma unroll", f"      for (int e = 0; e < {VEC}; ++e) {{",
@@ -361,7 +365,7 @@ def _vector_loop(program: Program, stored: list, writer, width: str, tile_reads:
     for s in stored:
         dt = program.tensors[s.tensor].dtype
         lines.append(f"      {_copy(f'static_cast<{dt.cuda}*>({outs[s.tensor]}) + (long long)m * W + j', f'out_{outs[s.tensor]}[q]', dt)}")
-    lines += ["    }", "  }", "} else {", "  for (long long n = lane; n < W; n += 32) {"]
+    lines += ["    }", "  }", "} else {", f"  for (long long n = {lane}; n < W; n += {lanes}) {{"]
     lines += [f"    {line}" for line in body(False)]
     return lines + ["  }", "}"]
 

@@ -18,8 +18,8 @@ from ..diagnostics import EpicError
 from ..version import __version__
 from ..ir.core import Program
 from ..plan import config as config_mod
-from ..plan import gpus, planner
-from . import combine, cxx, evt, functor, vendor
+from ..plan import gpus, planner, tail as tail_plan
+from . import combine, cxx, evt, functor, tail, vendor
 from .unit import Unit
 
 
@@ -83,6 +83,13 @@ def render_combine(spec: combine.CombineSpec) -> str:
         info=_info(spec, "combine"))
 
 
+def render_tail(spec: tail.TailSpec) -> str:
+    return _env().get_template("tail.cu.j2").render(
+        t=spec, version=__version__, threads=tail.THREADS,
+        prelude=functor.helpers_for("\n".join(spec.head + spec.first + spec.reduce + spec.stores + spec.second)),
+        info=_info(spec, "tail"))
+
+
 def kernel_configs(program: Program, m: int, overrides: dict | None = None,
                    sizes: dict | None = None, gpu: str | None = None) -> dict[str, config_mod.KernelConfig]:
     """Each gemm's configuration when the program's row dimension is m (see kernel_rows); sizes (all
@@ -129,16 +136,20 @@ def kernel_rows(program: Program, m: int, sizes: dict | None = None) -> dict[str
 
 
 def specs(program: Program, configs: dict[str, config_mod.KernelConfig]) -> list:
-    """The spec of every kernel that launches, in the program's order."""
+    """The spec of every kernel that launches, in the program's order (a gemm with combine=tail: that
+    gemm and its tail kernel, plan/tail.py)."""
+    program = tail_plan.rewrite(program, configs)
     folded = planner.folds(program, configs)
     out = []
     for k in program.kernels:
-        if k.kind == "gemm" and configs[k.name].vendor:
+        if k.kind == "tail":
+            out.append(tail.lower_tail(program, k))
+        elif k.kind == "gemm" and configs[k.name].vendor:
             out.append(vendor.lower(program, k, configs[k.name]))
         elif k.kind == "gemm":
-            tail = next((c for c in program.kernels if folded.get(c.name) == k.name), None)
+            inside = next((c for c in program.kernels if folded.get(c.name) == k.name), None)
             out.append(evt.lower_gemm(program, k, configs[k.name],
-                                      combine.lower_combine(program, tail, folded=True) if tail else None))
+                                      combine.lower_combine(program, inside, folded=True) if inside else None))
         elif k.name not in folded:
             out.append(combine.lower_combine(program, k))
     return out
@@ -154,6 +165,8 @@ def units(program: Program, configs: dict[str, config_mod.KernelConfig]) -> list
             continue                        # the vendor's library: nothing to build
         if isinstance(spec, evt.KernelSpec):
             out.append((spec, Unit(f"{spec.symbol}.{spec.config.key()}", render_gemm(spec))))
+        elif isinstance(spec, tail.TailSpec):
+            out.append((spec, Unit(spec.symbol, render_tail(spec), uses_cutlass=False)))
         else:
             out.append((spec, Unit(spec.symbol, render_combine(spec), uses_cutlass=False)))
     return out

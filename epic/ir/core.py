@@ -153,10 +153,19 @@ class CombineKernel:
 
 
 @dataclass
+class TailKernel(CombineKernel):
+    """A gemm's whole epilogue run after it, one CTA per row (a configuration's combine=tail, made at
+    plan time by epic/plan/tail.py): its values read the gemm's stored accumulator back as a tile,
+    reduce whole rows in place of per-tile partials, and compute the row combine kernel's math.
+    `source`: the gemm whose accumulator it reads; `axis`: "row"."""
+    kind: str = "tail"
+
+
+@dataclass
 class Program:
     name: str
     tensors: dict[str, Tensor]
-    kernels: list                 # GemmKernel, and CombineKernel after the split pass
+    kernels: list                 # GemmKernel, and CombineKernel after the split pass (TailKernel in a plan)
     dims: list[str]
 
     def inputs(self) -> list[Tensor]:

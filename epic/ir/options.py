@@ -11,8 +11,10 @@ SWIZZLES = (1, 2, 4, 8)
 # which library runs the gemm: epic's CUTLASS kernel, or the vendor's (epic/plan/backend.py)
 BACKENDS = ("cutlass", "cublas")
 # where a row statistic's per-tile partials are merged: a combine kernel launched after the gemm, or
-# the gemm itself ("fold": the last CTA to finish a row of tiles merges that row block in tile order)
-COMBINES = ("kernel", "fold")
+# the gemm itself ("fold": the last CTA to finish a row of tiles merges that row block in tile order),
+# or neither: "tail", the gemm stores its accumulator and one kernel after it runs the whole epilogue and
+# the combine's math, one CTA per row (epic/plan/tail.py)
+COMBINES = ("kernel", "fold", "tail")
 # split-K: the K loop of every output tile divided among this many CTAs, reduced in a fixed order
 # (CUTLASS's stream-K tile scheduler in its split-K mode, deterministic reduction)
 SPLITS = (1, 2, 3, 4, 6, 8)

@@ -55,8 +55,9 @@ class KernelConfig:
     # partial accumulators are added in a fixed order before the epilogue runs once, on the last.
     # The number is a launch argument; splits > 1 builds the kernel with CUTLASS's stream-K scheduler.
     splits: int = 1
-    # a row statistic's combine kernel: launched after the gemm ("kernel"), or folded into the gemm's
-    # epilogue ("fold": the last CTA of each row block merges its partials; no second launch)
+    # a row statistic's combine kernel: launched after the gemm ("kernel"), folded into the gemm's
+    # epilogue ("fold": the last CTA of each row block merges its partials; no second launch), or the
+    # whole epilogue moved after the gemm ("tail": the gemm stores its accumulator, plan/tail.py)
     combine: str = "kernel"
     # which library runs the gemm (plan/backend.py): "cublas" uses none of the fields above
     backend: str = "cutlass"
@@ -109,7 +110,7 @@ class KernelConfig:
                 + (f"_{self.aux_load}" if self.aux_load != "tma" else "")
                 + (f"_e{self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else "")
                 + ("_splitk" if self.split_k else "")
-                + ("_fold" if self.combine == "fold" else "")
+                + (f"_{self.combine}" if self.combine != "kernel" else "")
                 + (f"_{self.trace}" if self.trace != "off" else "")
                 + ("_serp" if self.tile_order == "serpentine" else "")
                 + ("_dyn" if self.tile_order == "dynamic" else "")

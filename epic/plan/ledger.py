@@ -157,6 +157,9 @@ def _mib(b: int) -> str:
 
 
 def _combine_desc(k) -> str:
+    if k.kind == "tail":
+        return (f"tail of {k.source} (combine=tail): {k.source}'s epilogue on its stored accumulator, the row "
+                "statistics and the row math, a CTA per row")
     if k.axis == "all":
         return f"combine of {k.source}'s per-row/column statistics into whole-tensor ones"
     return f"combine of {k.source}'s per-tile partials ({k.axis}s)"
@@ -203,7 +206,7 @@ def render(plan: Plan, source: Program) -> str:
                        + (f"; per-tile partials ({', '.join(parts)})" if parts else ""))
         else:
             tiles = [s.tensor for s in k.stores if s.value.kind is Kind.TILE]
-            if tiles:
+            if tiles and k.kind == "combine":
                 back = sorted({v.attrs["tensor"] for v in k.values if _reads_tensor(v) and v.kind is Kind.TILE
                                and plan.program.tensors[v.attrs["tensor"]].producer == k.source})
                 quantized = any(plan.program.tensors[t].dtype.name not in ("f32", "bf16", "f16") for t in tiles)

@@ -14,7 +14,7 @@ from ..diagnostics import EpicError
 from ..ir import primitives as P
 from ..ir.core import Program, Tensor
 from ..shapes import Kind
-from . import config as config_mod
+from . import config as config_mod, tail
 
 
 DERIVED_WRITER = "the runtime, from weights"      # who writes a derived tensor (not a kernel)
@@ -111,6 +111,7 @@ def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict
                                          program.tensors, sizes_mod.evaluate(k.n, sizes),
                                          sizes_mod.evaluate(k.k, sizes), gpu)
                for k in program.kernels if k.kind == "gemm"}
+    program = tail.rewrite(program, configs)        # gemms with combine=tail: their tail kernels
     buffers = {t.name: buffer_of(t, sizes, configs) for t in program.tensors.values()}
     for t in program.tensors.values():
         if t.role == "derived":             # computed from weights before the kernels

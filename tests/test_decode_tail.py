@@ -1,0 +1,175 @@
+"""combine=tail (epic/plan/tail.py, codegen/tail.py): a gemm that stores only its accumulator and one
+kernel after it that runs the gemm's epilogue and its row combine kernel's math, a CTA per row."""
+import pytest
+import torch
+
+from epic import pipeline, reference
+from epic.codegen import emit, tail as tail_codegen
+from epic.diagnostics import EpicError
+from epic.plan import planner, tail
+
+from .conftest import ROOT
+
+TAIL = {"combine": "tail"}
+
+
+def analyzed(name: str):
+    return pipeline.analyze(str(ROOT / name)).program
+
+
+def tail_plan(name: str, sizes: dict, gemm: str):
+    return planner.make_plan(analyzed(name), sizes, {gemm: dict(TAIL)})
+
+
+def test_the_gemm_stores_its_accumulator_and_the_tail_does_the_rest():
+    plan = tail_plan("samples/residual_rmsnorm.epi", dict(M=64, D=4096), "o_proj")
+    gemm, after = plan.program.kernels
+    assert [k.kind for k in plan.program.kernels] == ["gemm", "tail"]
+    assert [s.tensor for s in gemm.stores] == ["o_proj__acc"] and [v.op for v in gemm.values] == ["acc"]
+    assert after.name == "o_proj__tail" and after.source == "o_proj"
+    assert sorted(s.tensor for s in after.stores) == ["hg", "r", "resid"]
+    assert [v.attrs["fn"] for v in after.values if v.op == "reduce"] == ["mean"]
+    acc = plan.buffers["o_proj__acc"]
+    assert (acc.torch_dtype, acc.shape, acc.writer, acc.readers) == ("float32", (64, 4096), "o_proj", ["o_proj__tail"])
+    assert not [b for b in plan.buffers.values() if b.role == "partial"]        # no per-tile partials
+    assert {plan.buffers[t].writer for t in ("resid", "hg", "r")} == {"o_proj__tail"}
+    assert plan.buffers["z"].readers == ["o_proj__tail"] and plan.buffers["gamma"].readers == ["o_proj__tail"]
+
+
+def test_without_the_option_the_plan_is_unchanged():
+    program = analyzed("samples/residual_rmsnorm.epi")
+    plan = planner.make_plan(program, dict(M=64, D=4096))
+    assert [k.kind for k in plan.program.kernels] == ["gemm", "combine"]
+    assert tail.rewrite(program, plan.configs) is program
+
+
+@pytest.mark.parametrize("name, sizes, gemm", [
+    ("samples/residual_rmsnorm.epi", dict(M=5, D=72), "o_proj"),
+    # normalized rows returned: the tail's second pass over the columns, then a gemm reading them
+    ("tests/programs/rmsnorm_out.epi", dict(M=7, K=40, D=48, N=24), "o_proj"),
+    # dynamic per-token int8: a quantizing store after the row's amax, then an int8 gemm
+    ("tests/programs/per_token_i8.epi", dict(M=6, K=40, N=48, P=32), "up"),
+    # cross entropy: a row log-sum-exp and a picked label logit
+    ("samples/cross_entropy.epi", dict(M=4, D=40, V=88), None),
+])
+def test_the_rewritten_program_computes_what_the_program_does(name, sizes, gemm):
+    """The plan's program, run by the reference interpreter, against the program itself: the same
+    outputs (within the f32 rounding of the stored accumulator; quantized stores may move one step)."""
+    program = analyzed(name)
+    gemm = gemm or next(k.name for k in program.kernels if k.kind == "gemm")
+    plan = planner.make_plan(program, sizes, {gemm: dict(TAIL)})
+    assert any(k.kind == "tail" for k in plan.program.kernels)
+    inputs = reference.random_inputs(program, sizes, seed=3)
+    want = reference.run(program, inputs)
+    got = reference.run(plan.program, inputs)
+    assert want.keys() == got.keys()
+    for k, w in want.items():
+        g = got[k]
+        scale = w.abs().max().item() or 1.0
+        step = 1.0 if plan.program.tensors[k].dtype.is_int else 1e-5 * scale
+        assert (g - w).abs().max().item() <= step, k
+
+
+@pytest.mark.parametrize("name, why", [
+    ("samples/bias_gelu.epi", "it has no row statistic"),
+    ("samples/qk_norm_rope.epi", "it has no row statistic"),        # its head statistics stay in the gemm
+    ("bench/programs/resid_norm_periodic.epi", "'gamma' is read once per Dh columns"),
+    ("tests/programs/per_token_i4.epi", "it stores 'q' as i4"),
+    ("tests/programs/col_stats.epi", "it has column statistics too"),
+])
+def test_a_gemm_the_tail_cannot_run_says_why(name, why):
+    program = analyzed(name)
+    gemm = next(k.name for k in program.kernels if k.kind == "gemm")
+    with pytest.raises(EpicError) as info:
+        planner.make_plan(program, {d: 256 for d in program.dims}, {gemm: dict(TAIL)})
+    d = info.value.diagnostics[0]
+    assert d.code == "E216" and f"gemm '{gemm}' cannot take combine=tail" in d.message and why in d.message
+    assert "combine=kernel" in d.hint
+
+
+def test_the_tail_kernel_lowers_into_its_passes():
+    program = analyzed("tests/programs/rmsnorm_out.epi")
+    configs = emit.kernel_configs(program, 64, {"o_proj": dict(TAIL)}, dict(M=64, K=40, D=48, N=24))
+    specs = emit.specs(program, configs)
+    t = next(s for s in specs if isinstance(s, tail_codegen.TailSpec))
+    assert t.reductions == 1 and t.first and t.second            # n = h * r * gamma needs the row first
+    assert any("red_smem" in line for line in t.reduce)
+    source = emit.render_tail(t)
+    assert "griddepcontrol.wait" in source and "__launch_bounds__(kThreads)" in source
+    roles = [(p.role, p.tensor) for p in t.pointers]
+    assert ("tile", "o_proj__acc") in roles and ("out", "n") in roles and ("out", "resid") in roles
+
+
+@pytest.mark.nvcc
+def test_nvcc_builds_tail_kernels(tmp_path, monkeypatch):
+    """The tail kernels of three programs (one pass; two passes; a quantizing store), and the gemm that
+    stores its accumulator, compiled by nvcc and loaded with the C ABI the runtime expects."""
+    from epic.runtime import build, loader
+    if not build.shutil.which("nvcc"):
+        pytest.skip("nvcc not installed")
+    monkeypatch.setenv("EPIC_CACHE_DIR", str(tmp_path))
+    pairs = []
+    for name, sizes, gemm in [("samples/residual_rmsnorm.epi", dict(M=64, D=4096), "o_proj"),
+                              ("tests/programs/rmsnorm_out.epi", dict(M=64, K=40, D=48, N=24), "o_proj"),
+                              ("tests/programs/per_token_i8.epi", dict(M=64, K=40, N=48, P=32), "up")]:
+        program = analyzed(name)
+        units = emit.units(program, emit.kernel_configs(program, 64, {gemm: dict(TAIL)}, sizes))
+        pairs += [(s, u) for s, u in units if isinstance(s, tail_codegen.TailSpec)]
+    gemm = [(s, u) for s, u in emit.units(analyzed("samples/residual_rmsnorm.epi"), emit.kernel_configs(
+        analyzed("samples/residual_rmsnorm.epi"), 64, {"o_proj": dict(TAIL)}, dict(M=64, D=4096)))
+        if not isinstance(s, tail_codegen.TailSpec)]
+    pairs += gemm
+    paths = build.build_all([u for _, u in pairs], quiet=True)
+    for (spec, _), p in zip(pairs, paths):
+        lib = loader.load(p, [f"{x.role}:{x.tensor}" for x in spec.pointers])
+        assert lib.info["kernel"] == spec.name
+    assert gemm[0][0].config.key().endswith("_tail")
+
+
+def test_the_plan_says_what_the_tail_does():
+    from epic.plan import ledger
+    analysis = pipeline.analyze(str(ROOT / "samples/residual_rmsnorm.epi"))
+    plan = planner.make_plan(analysis.program, dict(M=64, D=4096), {"o_proj": dict(TAIL)})
+    text = ledger.render(plan, analysis.source_program)
+    assert "o_proj__tail: tail of o_proj (combine=tail)" in text and "writes o_proj__acc" in text
+    fused = {r.kernel: r for r in ledger.fused_rows(plan)}
+    assert fused["o_proj__tail"].read_bytes == 64 * 4096 * 4 + 64 * 4096 * 2 + 4096 * 2
+
+
+def test_reference_of_the_plan_on_torch_inputs():
+    """The plan's program runs in the reference interpreter on the inputs a caller would pass."""
+    program = analyzed("samples/residual_rmsnorm.epi")
+    plan = tail_plan("samples/residual_rmsnorm.epi", dict(M=3, D=16), "o_proj")
+    x, wo = torch.randn(3, 16).bfloat16(), torch.randn(16, 16).bfloat16()
+    z, g = torch.randn(3, 16).bfloat16(), torch.randn(16).bfloat16()
+    args = dict(x=x, wo=wo, z=z, gamma=g)
+    h = x.double() @ wo.double() + z.double()
+    got = reference.run(plan.program, args)
+    assert torch.allclose(got["r"].double().reshape(-1), torch.rsqrt(h.pow(2).mean(-1) + 1e-6), rtol=1e-5)
+    assert torch.allclose(reference.run(program, args)["hg"].double(), got["hg"].double(), rtol=1e-2)
+
+
+def test_a_sharded_call_refuses_a_tail(tmp_path):
+    """run_sharded merges the ranks' per-tile partials; a tail computes none (each rank would normalize
+    over its own columns): E216 instead of a wrong loss."""
+    import types
+    import torch.distributed as dist
+    from epic.distributed import run_sharded
+    program = analyzed("samples/cross_entropy.epi")
+    plan = planner.make_plan(program, dict(M=8, D=16, V=64), {"lm_head": dict(TAIL)})
+
+    class Sharded:          # a compiled program's face, bound at the rank's sizes
+        def __init__(self):
+            self.program, self._bound = program, {0: types.SimpleNamespace(plan=plan)}
+
+        def __call__(self, **_):
+            return {}
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        with pytest.raises(EpicError) as info:
+            run_sharded(Sharded(), x=torch.zeros(8, 16).bfloat16(), w=torch.zeros(16, 64).bfloat16(),
+                        label=torch.zeros(8, dtype=torch.int32), column_inputs=("label",))
+    finally:
+        dist.destroy_process_group()
+    d = info.value.diagnostics[0]
+    assert d.code == "E216" and "combine=tail" in d.message and "combine=kernel" in d.hint
