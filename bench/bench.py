@@ -406,10 +406,23 @@ def allow_tile_widths(text: str) -> tuple[int, ...]:
     return vocab.TILE_N
 
 
+def gemm_overrides(program, cfg: dict) -> dict:
+    """cfg on every gemm of the program, but combine=tail only on the gemms that can take it
+    (epic/plan/tail.py: a gemm with a row statistic): a label like `tail` means the program's tails."""
+    from epic.plan import tail
+    out = {}
+    for k in program.kernels:
+        if k.kind == "gemm":
+            out[k.name] = dict(cfg)
+            if cfg.get("combine") == "tail" and tail.refusal(program, k):
+                del out[k.name]["combine"]
+    return out
+
+
 def parse_config(key: str) -> dict:
     """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold][_tiles][_serp|_dyn][_nohint]' -> {'schedule':
     'cooperative', 'tile': (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler
-    swizzle, raster (m or n), split-K count, combine=fold, trace=tiles, tile_order=serpentine or dynamic and
+    swizzle, raster (m or n), split-K count, combine=fold or tail, trace=tiles, tile_order=serpentine or dynamic and
     load_hint=none. Without the schedule, tile and cluster ('fold', 'rn', 'rn_s4', 'tiles', 'serp',
     'serp_nohint'): the default configuration with those changes ('rm', 'rn', 's4': the same built kernel)."""
     parts = key.split("_")
@@ -427,8 +440,8 @@ def parse_config(key: str) -> dict:
             cfg["splits"] = int(extra[1:])
         elif extra in ("rm", "rn"):
             cfg["raster"] = extra[1]
-        elif extra == "fold":
-            cfg["combine"] = "fold"
+        elif extra in ("fold", "tail"):
+            cfg["combine"] = extra
         elif extra == "tiles":
             cfg["trace"] = "tiles"
         elif extra == "serp":

@@ -64,7 +64,7 @@ from epic.runtime import fastcall  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import (ROOT, WORK, allow_tile_widths, combine_rows, combine_rows_label, graphed, nodes_from,  # noqa: E402
-                   combine_variant, parse_config, COMBINE_VARIANTS)
+                   combine_variant, gemm_overrides, parse_config, COMBINE_VARIANTS)
 from profiling import l2_flush  # noqa: E402
 
 
@@ -81,7 +81,6 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False, repea
     # the control: cuBLAS again, as a candidate; its ratio shows the method's noise floor
     out = [("cublas", wrap(gemm)), ("cublas-again", wrap(gemm))]
     base = epic.compile(os.path.join(ROOT, path))
-    gemms = [k.name for k in base.program.kernels if k.kind == "gemm"]
     want = None
     for label in ["default"] + configs:
         try:
@@ -95,7 +94,7 @@ def candidates(name: str, m: int, configs: list[str], calls: bool = False, repea
                 out.append((label, wrap(lambda p=prog: p(**inputs))))
                 continue
             else:
-                config = {g: parse_config(label) for g in gemms} if label != "default" else None
+                config = gemm_overrides(base.program, parse_config(label)) if label != "default" else None
             other_nodes, rows = label == "nodes", combine_rows_label(label)
             anew = config is not None or other_nodes or rows is not None or label in COMBINE_VARIANTS
             with nodes_from(NODES_FROM if other_nodes else None), combine_rows(*(rows or (None,))), \

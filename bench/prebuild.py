@@ -13,7 +13,7 @@ from epic.runtime import build, fastcall  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import (DIMS, ROOT, WORK, allow_tile_widths, combine_rows, combine_rows_label, nodes_from,  # noqa: E402
-                   combine_variant, parse_config, variant_list)
+                   combine_variant, gemm_overrides, parse_config, variant_list)
 
 
 def main() -> int:
@@ -35,11 +35,10 @@ def main() -> int:
     units = {}
     for name in args.work.split(","):
         prog = epic.compile(os.path.join(ROOT, WORK[name][0]))
-        gemms = [k.name for k in prog.program.kernels if k.kind == "gemm"]
         for m in (int(r) for r in args.rows.split(",")):
             variants = [None] + [parse_config(c) for c in filter(None, args.configs.split(","))]
             for cfg in variants:
-                overrides = {g: cfg for g in gemms} if cfg else None
+                overrides = gemm_overrides(prog.program, cfg) if cfg else None
                 try:        # the device may be an H100 or an H200: both heuristics' kernels
                     built = emit.units_for_gpus(prog.program, m, overrides, DIMS[name](m))
                 except EpicError as e:         # a configuration this program cannot take (bench.py records why)
