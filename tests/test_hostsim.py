@@ -6,7 +6,8 @@ where two CTAs share 1x128 blocks; large M: pingpong 128x128x64, cluster 2x1, an
 a multiple of 192), at ragged sizes (M = 1,
 77, 300 with N, K not multiples of the tile) and one multiple of the tile, and once more with extra
 tiles loaded straight to registers (aux_load=direct, where a program loads any), and under both with
-each row combine kernel folded into its gemm (combine=fold, where a program has one), on fresh random
+each row combine kernel folded into its gemm (combine=fold, where a program has one), and at small M
+with each gemm that has a row statistic storing its accumulator for a tail kernel (combine=tail), on fresh random
 inputs (the seed is in every failure message). Per case: the C ABI checked by roles, every buffer
 poisoned and checked to be written, every output, intermediate and per-tile partial compared with
 the reference, kernel by kernel.
@@ -30,7 +31,9 @@ PROGRAMS = [str(p.relative_to(ROOT)) for p in [*SAMPLES, *sorted((ROOT / "tests"
 CONFIGS = {"small_m": (64, {}), "large_m": (8192, {}),
            "large_m_direct": (8192, {"aux_load": "direct"}),     # extra tiles loaded straight to registers
            # a row statistic's combine kernel folded into its gemm (the last CTA of a row block merges)
-           "small_m_fold": (64, {"combine": "fold"}), "large_m_fold": (8192, {"combine": "fold"})}
+           "small_m_fold": (64, {"combine": "fold"}), "large_m_fold": (8192, {"combine": "fold"}),
+           # the gemm stores its accumulator, a tail kernel runs its epilogue and row statistics (plan/tail.py)
+           "small_m_tail": (64, {"combine": "tail"})}
 SHAPES = [(1, 392, 200), (77, 392, 200), (300, 392, 200), (256, 512, 256)]   # (M, N, K); the last: tile multiples
 WIDE = (300, 576, 136)      # N a multiple of 192: large M takes 128x192 tiles where the blocks allow
 # a row combine kernel that finishes tile stores moves 16 columns per lane and step, several steps in
@@ -40,9 +43,13 @@ FINISH_WIDE = (77, 2320, 136)
 # a combine kernel over 4096 rows (columns) or more gives each warp several (combine.py's grouped form):
 # many rows, then many columns (each ragged), the other dimension small to keep the host's work small
 MANY_ROWS, MANY_COLS = (4100, 392, 136), (300, 4104, 136)
+# a tail kernel's CTA (256 threads, 16 columns each per step) over rows of more than 4096 columns, K as
+# wide (residual + RMSNorm's D is both): every warp column by column (4104), then vector steps (4608)
+TAIL_WIDE = [(5, 4104, 4104), (3, 4608, 4608)]
 CASES = [(config, shape) for config in ("small_m", "large_m", "small_m_fold", "large_m_fold") for shape in SHAPES] + \
     [("large_m", WIDE), ("large_m_fold", WIDE), ("large_m_direct", SHAPES[1]), ("small_m", FINISH_WIDE),
-     ("large_m", MANY_ROWS), ("large_m", MANY_COLS)]
+     ("large_m", MANY_ROWS), ("large_m", MANY_COLS)] + \
+    [("small_m_tail", shape) for shape in [*SHAPES, FINISH_WIDE, *TAIL_WIDE]]
 
 
 def sizes_for(program, m: int, n: int, k: int) -> dict[str, int]:
@@ -108,6 +115,8 @@ def same_as_unchanged(config: str, case: harness.Case, shape=None) -> str | None
         return "no extra tiles to load: the same kernels as large_m"
     if config.endswith("_fold") and not folds(case):
         return "no row combine kernel to fold: the same kernels as without combine=fold"
+    if config.endswith("_tail") and not any(k.kind == "tail" for k in case.program.kernels):
+        return "no gemm the tail can run: the same kernels as without combine=tail"
     return None
 
 

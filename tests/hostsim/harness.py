@@ -29,7 +29,7 @@ import torch
 import epic
 from epic import dtypes, reference
 from epic.codegen import emit, vendor
-from epic.plan import planner
+from epic.plan import planner, tail
 from epic.runtime import binding, derived, vendor_gemm
 
 from .. import gpu_cases
@@ -73,12 +73,20 @@ class Case:
         return replace(self, sources=[transform(s) for s in self.sources])
 
 
+def _options_for(program, gemm: str, options: dict | None) -> dict:
+    """options for one gemm: combine=tail only where the gemm can take it (epic/plan/tail.py)."""
+    options = dict(options or {})
+    if options.get("combine") == "tail" and tail.refusal(program, program.kernel(gemm)):
+        del options["combine"]
+    return options
+
+
 def prepare(path: str, sizes: dict, config_m: int, options: dict | None = None) -> Case:
     """Plan and generated sources of a program at `sizes` with the configuration the heuristic picks
     for M = config_m (and each gemm's N at `sizes`), changed by `options` (KernelConfig fields, e.g.
     aux_load="direct"). Raises EpicError E702 when code generation does not support the program."""
     prog = compiled(path)
-    configs = {name: replace(c, **(options or {}))
+    configs = {name: replace(c, **_options_for(prog.program, name, options))
                for name, c in emit.kernel_configs(prog.program, config_m, None, sizes).items()}
     plan = planner.make_plan(prog.program, sizes, overrides(configs))
     assert plan.configs == configs, (plan.configs, configs)
@@ -87,7 +95,7 @@ def prepare(path: str, sizes: dict, config_m: int, options: dict | None = None) 
     # twice. tests/test_gpu.py runs it in place; test_plan.py checks the finish reads before it writes.
     plan.aliases = {}
     pairs = emit.units(prog.program, plan.configs)
-    return Case(path, dict(sizes), config_m, prog.program, prog.analysis.source_program, plan,
+    return Case(path, dict(sizes), config_m, plan.program, prog.analysis.source_program, plan,
                 [spec for spec, _ in pairs], [unit.source for _, unit in pairs],
                 [s for s in emit.specs(prog.program, plan.configs) if isinstance(s, vendor.VendorGemmSpec)])
 
@@ -135,6 +143,8 @@ def abi_problems(case: Case) -> list[str]:
             planned = case.plan.configs[src.info["kernel"]].tile
             if src.tile != tuple(planned):
                 found.append(f"built with TileShape {src.tile}, but the plan lays out its buffers for {planned}")
+        elif kind(source) == "tail":
+            continue        # its pointers: one per tensor, by name (codegen/tail.py); the results check their use
         else:
             src = parse_combine(source)
             found = abi.combine_problems(src, case.program)
@@ -225,8 +235,9 @@ def expected(case: Case, inputs: dict, host: dict) -> dict[str, torch.Tensor]:
 def block_quantized(case: Case) -> set[str]:
     """Tensors that a block-scale node quantizes (its comment: "1x32 block scale -> q, scales s"), and
     tiles a row combine kernel quantizes with a row statistic (both divide by an f32 scale)."""
-    out = {s.tensor for k in case.program.kernels if k.kind == "combine" for s in k.stores
-           if s.value.kind.value == "tile"}
+    out = {s.tensor for k in case.program.kernels if k.kind in ("combine", "tail") for s in k.stores
+           if s.value.kind.value == "tile" and (k.kind == "combine" or not case.program.tensors[s.tensor].dtype.is_float
+                                                or case.program.tensors[s.tensor].dtype.bits == 8)}
     for source in case.sources:
         if kind(source) == "gemm":
             for node in parse_gemm(source).nodes:

@@ -102,7 +102,7 @@ namespace hostsim {
 // which is what the GPU's lockstep execution gives. A warp that never shuffles runs once. Needs
 // what epic's combine kernels do: the lanes of a warp call the same shuffles in the same order, and
 // no address a lane reads or writes depends on a shuffled value. Shared memory and __syncthreads
-// are not emulated.
+// are emulated only as a tail kernel uses them (cta_runs, below).
 namespace cuda_builtins {
 inline uint3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
@@ -139,8 +139,11 @@ template <class T> inline T shfl_up(T v, unsigned delta, int width = 32) {
   return shfl(v, l >= int(delta) ? l - int(delta) : l, width);
 }
 
+// cta_runs > 1 (a tail kernel): each CTA runs that many times in a row, its warps in turn, so that a
+// warp reading shared memory after __syncthreads (a no-op here, the array `static`) sees what every
+// warp of the CTA wrote before it in the previous run; one barrier's exchange needs 2 runs.
 template <class Body>
-inline void launch(dim3 grid, dim3 block, size_t, cudaStream_t, Body&& body) {
+inline void launch(dim3 grid, dim3 block, size_t, cudaStream_t, Body&& body, int cta_runs = 1) {
   using namespace cuda_builtins;
   gridDim = grid;
   blockDim = block;
@@ -148,6 +151,7 @@ inline void launch(dim3 grid, dim3 block, size_t, cudaStream_t, Body&& body) {
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx)
+        for (int cta_run = 0; cta_run < cta_runs; ++cta_run)
         for (unsigned first = 0; first < threads; first += 32) {
           Warp warp;
           current_warp = &warp;

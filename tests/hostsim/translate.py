@@ -3,7 +3,7 @@
 gemm: the functors and device helpers are pasted as they are; each node becomes its host
 emulation (nodes.py) constructed from its own initializer text; the DAG is evaluated per fragment
 in node order along the parsed edges; the root's result is stored as D when D is not void.
-combine: the whole source is pasted, with its includes removed (the TU includes them once), its PDL
+combine (and tail, with its shared memory and barriers emulated): the whole source is pasted, with its includes removed (the TU includes them once), its PDL
 launch helper removed and the call `return launch_after_previous(grid, block, stream, P);` turned into
 hostsim::launch (a loop over threads, which runs warps of lanes, shuffles included)
 and cudaGetLastError into the status of those launches. Either way the namespace defines epic_launch,
@@ -27,6 +27,8 @@ def translate(source: str, namespace: str) -> str:
     """Host C++ for one generated source, inside `namespace`."""
     if kind(source) == "gemm":
         return gemm(parse_gemm(source), namespace)
+    if kind(source) == "tail":
+        return tail(source, namespace)
     parse_combine(source)          # fails early on a source of an unknown shape
     return combine(source, namespace)
 
@@ -127,21 +129,34 @@ def gemm(src: GemmSource, namespace: str) -> str:
     return "\n".join(out) + "\n"
 
 
+# ------------------------------------------------------------------------------------------ tail
+def tail(source: str, namespace: str) -> str:
+    """A tail kernel (codegen/tail.py): a combine kernel's launch, with a CTA's shared memory (one
+    array for all its threads: `static`) and __syncthreads. The host runs each CTA twice (hostsim.hpp):
+    the first run's warps leave their states in shared memory, the second's read every warp's."""
+    if source.count("__syncthreads();") != source.count("red_smem[") // 2:
+        raise SourceFormatError("expected one __syncthreads per reduction's exchange in shared memory (a write "
+                                "and a read of red_smem each); the host runs a CTA twice, which covers that")
+    text = source.replace("__shared__ ", "static ").replace("__syncthreads();", "((void)0);")
+    text = re.sub(r"__launch_bounds__\(\w+\) ", "", text)
+    return combine(text, namespace, "tail_kernel", cta_runs=2)
+
+
 # ------------------------------------------------------------------------------------------ combine
 # the PDL launch helper (cudaLaunchKernelEx: no host emulation) and its one call
 _HELPER = re.compile(r"^int launch_after_previous\(.*?^\}\n", re.S | re.M)
 _LAUNCH = re.compile(r"return launch_after_previous\((\w+), (\w+), ([^;]*?), (\w+)\);")
 
 
-def combine(source: str, namespace: str) -> str:
+def combine(source: str, namespace: str, kernel: str = "combine_kernel", cta_runs: int = 1) -> str:
     text = "\n".join(line for line in source.splitlines()
                      if not line.lstrip().startswith("#include") and not line.lstrip().startswith("#define EPIC_API"))
     text, helpers = _HELPER.subn("", text)
     text, launches = _LAUNCH.subn(lambda m: f"hostsim::launch({m.group(1)}, {m.group(2)}, 0, {m.group(3)}, "
-                                            f"[&] {{ combine_kernel({m.group(4)}); }}); return int(cudaGetLastError());",
-                                  text)
+                                            f"[&] {{ {kernel}({m.group(4)}); }}, {cta_runs}); "
+                                            "return int(cudaGetLastError());", text)
     if helpers != 1 or launches != 1:
-        raise SourceFormatError(f"expected the launch helper and one call of it in the combine source, found "
+        raise SourceFormatError(f"expected the launch helper and one call of it in the {kernel} source, found "
                                 f"{helpers} and {launches}")
     return "\n".join([
         f"namespace {namespace} {{",
