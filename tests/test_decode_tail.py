@@ -173,3 +173,20 @@ def test_a_sharded_call_refuses_a_tail(tmp_path):
         dist.destroy_process_group()
     d = info.value.diagnostics[0]
     assert d.code == "E216" and "combine=tail" in d.message and "combine=kernel" in d.hint
+
+
+def test_epic_check_warns_where_a_file_asks_for_a_tail_a_gemm_cannot_take(tmp_path):
+    """`epic check` lowers the plan's kernels as a build would: a tail the gemm cannot take is a warning
+    that names it; a tail it can take lowers cleanly."""
+    from epic.codegen import refusals
+    text = (ROOT / "samples/bias_gelu.epi").read_text().replace("@ w: bf16[K, N]) {", "@ w: bf16[K, N]) with combine=tail {")
+    bad = tmp_path / "bias_gelu_tail.epi"
+    bad.write_text(text)
+    analysis = pipeline.analyze(str(bad))
+    (d,) = refusals.refusals(analysis.program, analysis.source_program)
+    assert d.code == "E216" and "gemm 'up' cannot take combine=tail: it has no row statistic" in d.message
+    good = tmp_path / "residual_rmsnorm_tail.epi"
+    good.write_text((ROOT / "samples/residual_rmsnorm.epi").read_text().replace(
+        "@ wo: bf16[D, D]) {", "@ wo: bf16[D, D]) with combine=tail {"))
+    analysis = pipeline.analyze(str(good))
+    assert refusals.refusals(analysis.program, analysis.source_program) == []

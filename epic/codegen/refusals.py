@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 
-from . import combine, emit, evt
+from . import combine, emit, evt, tail
+from ..plan import tail as tail_plan
 from ..diagnostics import Diagnostic, EpicError
 from ..plan import planner
 
@@ -43,9 +44,12 @@ def _describe(text: str, program) -> str:
 
 def _lower(program, k, configs) -> None:
     folded = planner.folds(program, configs)
-    if k.kind == "gemm":
-        tail = next((c for c in program.kernels if folded.get(c.name) == k.name), None)
-        evt.lower_gemm(program, k, configs[k.name], combine.lower_combine(program, tail, folded=True) if tail else None)
+    if k.kind == "tail":
+        tail.lower_tail(program, k)
+    elif k.kind == "gemm":
+        inside = next((c for c in program.kernels if folded.get(c.name) == k.name), None)
+        evt.lower_gemm(program, k, configs[k.name],
+                       combine.lower_combine(program, inside, folded=True) if inside else None)
     elif k.name not in folded:
         combine.lower_combine(program, k)
 
@@ -56,20 +60,27 @@ def refusals(program, source_program=None) -> list[Diagnostic]:
     names = source_program or program
     out: list[Diagnostic] = []
     seen: set = set()
+
+    def add(e: EpicError, where: str) -> None:
+        for d in e.diagnostics:
+            key = (d.code, d.message, str(d.span))
+            if key not in seen:
+                seen.add(key)
+                out.append(Diagnostic(d.code, f"{where} will not build: {_describe(d.message, names)}",
+                                      d.span, d.hint and _describe(d.hint, names)))
+
     for m in CHECKED_M:
         configs = emit.kernel_configs(program, m)
-        for k in program.kernels:
+        try:
+            rewritten = tail_plan.rewrite(program, configs)      # combine=tail: a gemm and its tail kernel
+        except EpicError as e:                                  # a gemm that cannot take it (E216)
+            rewritten = program
+            add(e, "the program")
+        for k in rewritten.kernels:
             try:
-                _lower(program, k, configs)
+                _lower(rewritten, k, configs)
             except EpicError as e:
-                for d in e.diagnostics:
-                    key = (d.code, d.message, str(d.span))
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    where = (f"gemm '{k.name}'" if k.kind == "gemm" else user_name(k.name, names))
-                    out.append(Diagnostic(d.code, f"{where} will not build: {_describe(d.message, names)}",
-                                          d.span, d.hint and _describe(d.hint, names)))
+                add(e, f"gemm '{k.name}'" if k.kind == "gemm" else user_name(k.name, names))
     return out
 
 
