@@ -397,12 +397,15 @@ def test_build_and_compile_commands(fake_nvcc, tmp_path, capsys):
     sample = str(ROOT / "samples" / "residual_rmsnorm.epi")
     assert main(["build", sample, "--shape", "M=64,D=256"]) == 0
     out = capsys.readouterr().out
-    assert out.count("built ") == 2 and "ping_64x64x64_c1x1.so" in out and "o_proj__row_combine.so" in out
+    # decode: the gemm stores its accumulator, a tail kernel runs the epilogue (plan/tail.py's heuristic)
+    assert out.count("built ") == 2 and "ping_64x64x64_c1x1_tail.so" in out and "o_proj__tail.so" in out
     assert fake_nvcc.read_text().count("called") == 2
     assert main(["compile", sample, "-o", str(tmp_path / "out"), "--build"]) == 0
     out = capsys.readouterr().out
-    assert "ping_128x128x64_c2x1.so" in out and (tmp_path / "out").is_dir()
-    assert fake_nvcc.read_text().count("called") == 3      # the combine kernel came from the cache
+    assert "ping_128x128x64_c2x1.so" in out and "o_proj__row_combine.so" in out and (tmp_path / "out").is_dir()
+    assert fake_nvcc.read_text().count("called") == 4
+    assert main(["build", sample, "--shape", "M=64,D=256"]) == 0
+    assert fake_nvcc.read_text().count("called") == 4      # the decode kernels came from the cache
 
 
 def test_nvcc_failure_is_E701_and_keeps_the_source(fake_nvcc):

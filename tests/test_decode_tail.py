@@ -36,11 +36,24 @@ def test_the_gemm_stores_its_accumulator_and_the_tail_does_the_rest():
     assert plan.buffers["z"].readers == ["o_proj__tail"] and plan.buffers["gamma"].readers == ["o_proj__tail"]
 
 
-def test_without_the_option_the_plan_is_unchanged():
-    program = analyzed("samples/residual_rmsnorm.epi")
-    plan = planner.make_plan(program, dict(M=64, D=4096))
-    assert [k.kind for k in plan.program.kernels] == ["gemm", "combine"]
-    assert tail.rewrite(program, plan.configs) is program
+@pytest.mark.parametrize("name, sizes, override, kinds", [
+    ("samples/residual_rmsnorm.epi", dict(M=64, D=4096), None, ["gemm", "tail"]),       # the heuristic's
+    ("samples/residual_rmsnorm.epi", dict(M=256, D=8192), None, ["gemm", "tail"]),
+    ("samples/residual_rmsnorm.epi", dict(M=257, D=4096), None, ["gemm", "combine"]),   # past TAIL_ROWS
+    ("samples/residual_rmsnorm.epi", dict(M=64, D=8200), None, ["gemm", "combine"]),    # past TAIL_N
+    ("samples/residual_rmsnorm.epi", dict(M=64, D=4096), "kernel", ["gemm", "combine"]),  # the call's choice
+    ("samples/cross_entropy.epi", dict(M=64, D=256, V=1024), None, ["gemm", "combine"]),  # stores no tile
+    ("samples/prenorm_mlp.epi", dict(M=16, D=512, F=1024), None, ["gemm", "tail", "gemm", "gemm"]),
+])
+def test_the_heuristic_takes_the_tail_at_decode_where_a_gemm_stores_tiles(name, sizes, override, kinds):
+    program = analyzed(name)
+    first = next(k.name for k in program.kernels if k.kind == "gemm")
+    plan = planner.make_plan(program, sizes, {first: {"combine": override}} if override else None)
+    assert [k.kind for k in plan.program.kernels] == kinds
+    if "tail" not in kinds:
+        assert tail.rewrite(program, plan.configs) is program
+    configs = emit.kernel_configs(program, sizes["M"], {first: {"combine": override}} if override else None, sizes)
+    assert configs == plan.configs          # what a build (prebuild, bundles) makes is what the call plans
 
 
 @pytest.mark.parametrize("name, sizes, gemm", [

@@ -542,6 +542,18 @@ def test_a_captured_program_replays_like_calls(name):
     assert info.value.codes == ["E609"]
 
 
+def _same_bytes(want: dict, got: dict, how: str) -> None:
+    """After the stream's work: every output in `want` has the same bytes in `got`."""
+    torch.cuda.synchronize()
+    for k in want:
+        assert torch.equal(got[k].view(-1).view(torch.uint8), want[k].view(-1).view(torch.uint8)), f"{how}: {k}"
+
+
+def _poison(x: torch.Tensor) -> None:
+    x.fill_(float("nan"))
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("name,sizes", DEPENDENT_FIRST_CASES, ids=[n for n, _ in DEPENDENT_FIRST_CASES])
 def test_a_decode_call_waits_for_what_the_caller_ran_before_it(name, sizes, monkeypatch):
     """By default (EPIC_DEPENDENT_FIRST unset) a one-gemm program's gemm of at most 64 rows is launched
@@ -568,13 +580,10 @@ def test_a_decode_call_waits_for_what_the_caller_ran_before_it(name, sizes, monk
     torch.cuda.synchronize()
 
     def check(how, got):
-        torch.cuda.synchronize()
-        for k in want:
-            assert torch.equal(got[k].view(-1).view(torch.uint8), want[k].view(-1).view(torch.uint8)), f"{how}: {k}"
+        _same_bytes(want, got, how)
 
     def poison():
-        x.fill_(float("nan"))
-        torch.cuda.synchronize()
+        _poison(x)
 
     poison()
     write(x)
@@ -597,6 +606,46 @@ def test_a_decode_call_waits_for_what_the_caller_ran_before_it(name, sizes, monk
         poison()
         graph.replay()
         check(f"after {how} in a CUDA graph", out)
+
+
+@pytest.mark.parametrize("tensor", ["z", "gamma"])
+def test_a_tail_reads_inputs_written_just_before_the_call(tensor, monkeypatch):
+    """combine=tail loads the call's inputs (residual + RMSNorm's z and gamma) before it waits for the gemm
+    (codegen/tail.py): the gemm, a dependent of the caller's last kernel, lets it start only after its
+    own wait. Written just before the call by a long kernel, in the same CUDA graph too, each gives the
+    bytes of a call made after a synchronize; the input is poisoned before each write."""
+    monkeypatch.delenv("EPIC_DEPENDENT_FIRST", raising=False)
+    name, sizes = "samples/residual_rmsnorm.epi", dict(M=64, D=4096)
+    prog = epic.compile(path(name), config={"o_proj": {"combine": "tail"}})
+    inputs = to_device(prog.program, make_inputs(prog.analysis.source_program, sizes, seed=seed_of(name, "tail-pdl")))
+    x = inputs[tensor]
+    parts = torch.randn(256, x.numel(), device=x.device).to(x.dtype) / 16
+
+    def write():
+        torch.sum(parts, 0, out=x.view(-1))
+
+    write()
+    torch.cuda.synchronize()
+    want = {k: v.clone() for k, v in prog(**inputs).items()}
+    assert [k.kind for k in prog.plan(sizes).program.kernels] == ["gemm", "tail"]
+
+    def check(how, got):
+        _same_bytes(want, got, how)
+
+    def poison():
+        _poison(x)
+
+    for _ in range(3):
+        poison()
+        write()
+        check("after a kernel", prog(**inputs))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        write()
+        out = prog(**inputs)
+    poison()
+    graph.replay()
+    check("after a kernel in a CUDA graph", out)
 
 
 def test_inside_torch_compile():

@@ -47,12 +47,13 @@ def even_odd_swapped():
         yield
 
 
-def combine_edited(edit, what: str):
-    """A planted bug in the rendered combine kernel: edit(text) -> text; `what` names the code it
-    changes, for the message when a change to the template leaves nothing to edit."""
+def combine_edited(edit, what: str, renderer: str = "render_combine"):
+    """A planted bug in the rendered combine kernel (or, renderer="render_tail", tail kernel): edit(text)
+    -> text; `what` names the code it changes, for the message when a change to the template leaves
+    nothing to edit."""
     @contextmanager
     def planted():
-        original = emit.render_combine
+        original = getattr(emit, renderer)
 
         def render(spec):
             text = original(spec)
@@ -61,7 +62,7 @@ def combine_edited(edit, what: str):
             return changed
 
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(emit, "render_combine", render)
+            mp.setattr(emit, renderer, render)
             yield
     return planted
 
@@ -73,6 +74,10 @@ combine_skips_first_tile = combine_edited(
 combine_skips_last_row = combine_edited(
     lambda text: text.replace("const bool live = m < P.M;", "const bool live = m < P.M - 1;"),
     "the combine kernel's row guard")
+# a tail kernel merges the warps' states but the last one's (plan/tail.py; rows of 4104 columns: every warp has some)
+tail_skips_last_warp = combine_edited(
+    lambda text: text.replace("for (int w = 0; w < kWarps; ++w)", "for (int w = 0; w < kWarps - 1; ++w)"),
+    "the tail's merge of the warps", "render_tail")
 # with several rows per warp (many rows), each lane skips its first tile
 grouped_combine_skips_tiles = combine_edited(
     lambda text: text.replace("for (int t0 = tile_lane;", "for (int t0 = tile_lane + tile_lanes;"),
@@ -164,6 +169,8 @@ PLANTED = {
                           None, r"g__rmax_part0 \(f32\)"),
     "fold_skips_last_tile": ("samples/residual_rmsnorm.epi", dict(M=77, D=392), 64, no_bug, fold_skips_last_tile,
                              r"r \(f32\): \d+ of 77 elements off"),
+    "tail_skips_last_warp": ("samples/residual_rmsnorm.epi", dict(M=5, D=4104), 64, tail_skips_last_warp, None,
+                             r"r \(f32\): \d+ of 5 elements off"),
     # the nodes' own arithmetic: online log-sum-exp, block quantization, block statistic scaling, per-head index
     "lse_rescale_inverted": ("samples/cross_entropy.epi", dict(M=77, D=200, V=392), 64,
                              arith_bug("__expf(old_max - new_max)", "__expf(new_max - old_max)"), None,
@@ -187,7 +194,9 @@ PLANTED = {
 }
 ARITH_BUGS = {"lse_rescale_inverted", "lse_pivot_dropped", "block_amax_signed", "block_statistic_divides",
               "periodic_index_unwrapped", "periodic_tile_start_zero"}
-OPTIONS = {"fold_skips_last_tile": {"combine": "fold"}}    # configuration changes of a case
+# configuration changes of a case: at small M residual + RMSNorm takes the tail by default (plan/tail.py)
+OPTIONS = {"fold_skips_last_tile": {"combine": "fold"}, "swapped_node_pointers": {"combine": "kernel"},
+           "combine_skips_first_tile": {"combine": "kernel"}}
 
 
 def negative_inputs(case: harness.Case) -> dict:

@@ -87,8 +87,8 @@ def test_ledger_render_has_totals():
 def test_the_ledger_says_which_gemms_are_launched_as_dependents(monkeypatch):
     a = pipeline.analyze(str(ROOT / "samples" / "prenorm_mlp.epi"))
     decode = ledger.render(planner.make_plan(a.program, dict(M=64, D=D, F=F)), a.source_program)
-    assert ("launched as o_proj__row_combine's programmatic dependent; asks L2 for its first tile's wgu "
-            "while it waits") in decode
+    assert ("launched as o_proj__tail's programmatic dependent; asks L2 for its first tile's wgu "
+            "while it waits") in decode          # o_proj's epilogue runs in its tail kernel (plan/tail.py)
     assert "launched as gate_up's programmatic dependent; asks L2 for its first tile's wd" in decode
     assert decode.count("programmatic dependent") == 2            # o_proj opens the chain's call
     r = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi"))
@@ -263,7 +263,7 @@ def test_split_k_is_an_option_of_the_cooperative_schedule():
 def test_residual_rmsnorm_ledger_by_hand_at_ragged_sizes():
     """M = 77, D = 392 (not tile multiples): pingpong 64x64 tiles, partials [ceil(392/64), round_up(77, 64)]."""
     a = pipeline.analyze(str(ROOT / "samples" / "residual_rmsnorm.epi"))
-    plan = planner.make_plan(a.program, dict(M=77, D=392))
+    plan = planner.make_plan(a.program, dict(M=77, D=392), {"o_proj": {"combine": "kernel"}})   # not the tail
     m, d = 77, 392
     tile, vec, w, gamma = m * d * BF, m * F32, d * d * BF, d * BF
     part = 7 * 128 * F32

@@ -33,8 +33,9 @@ def gemm(path):
 def test_candidates_are_legal_distinct_and_start_with_the_heuristic(path, sizes):
     prog, k = gemm(path)
     m, n = sizes["M"], planner.sizes_mod.evaluate(k.n, sizes)
-    found = space.candidates(k, prog.program.tensors, m, n, limit=6)
-    assert found[0] == config_mod.choose(k, m, None, prog.program.tensors, n)
+    found = space.candidates(k, prog.program.tensors, m, n, limit=6, program=prog.program)
+    assert found[0] == planner.make_plan(prog.program, sizes).configs[k.name]      # the plan's heuristic
+    assert (found[0].combine == "tail") == (path == RESID and m <= 256)            # plan/tail.py's decode tail
     assert 2 <= len(found) <= 20 and len(set(found)) == len(found)      # + 4 swizzles, 4 rasters, 2 epilogue tiles, 1 depth, 3 split-K
     assert len({c.key() for c in found[:6]}) == min(6, len(found[:6]))       # distinct built kernels first
     for cfg in found:                  # the plan accepts each as an override and picks exactly it

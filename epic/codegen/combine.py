@@ -313,23 +313,25 @@ IN_FLIGHT_BYTES = 128     # bytes of tile reads each lane starts before it compu
 #                           leaves the SMs half full, so a lane needs several steps' loads in flight
 
 
-def steps_in_flight(tile_reads: dict) -> int:
+def steps_in_flight(tile_reads: dict, vec: int = VEC) -> int:
     """Vector steps a lane loads before computing any: IN_FLIGHT_BYTES of its widest tile read."""
     widest = max((read[1].bits for read in tile_reads.values()), default=16)
-    return max(1, min(4, IN_FLIGHT_BYTES * 8 // (VEC * widest)))
+    return max(1, min(4, IN_FLIGHT_BYTES * 8 // (vec * widest)))
 
 
 def _vector_loop(program: Program, stored: list, writer, width: str, tile_reads: dict, ptr,
-                 lane: str = "lane", lanes: str = "32") -> list[str]:
+                 lane: str = "lane", lanes: str = "32", vec: int = VEC, early: dict | None = None) -> list[str]:
     """The per-column loop without packed stores: where W is a multiple of VEC (every row then starts
     VEC-element aligned, and tensors are 16-byte aligned), each lane moves VEC consecutive columns per
     step with vector loads and stores (8, 16 or 32 bytes), loading U steps (steps_in_flight) before it
     computes and stores them (a finished tile may be written over the one it reads: each element is
     read and written by one lane, its read first); else one column per step. lane, lanes: the C++ of
     the thread's index among the row's threads and their count (a warp's lanes here; a tail kernel's
-    CTA, codegen/tail.py)."""
+    CTA, codegen/tail.py); vec: columns per lane and step; early: pointer -> the array holding the
+    lane's first step of that read, loaded before the loop (a tail kernel's inputs, before its wait)."""
     outs = {s.tensor: ptr("out", program.tensors[s.tensor].name, program.tensors[s.tensor].dtype) for s in stored}
-    steps = steps_in_flight(tile_reads)
+    steps = steps_in_flight(tile_reads, vec)
+    VEC, early = vec, early or {}     # noqa: N806 (the loop below is written for the module's VEC)
 
     def body(vector: bool) -> list[str]:
         lines = [f"const float {tile_reads[i][0]}_at = float(in_{tile_reads[i][0]}[q][e]);" if vector and i in tile_reads
@@ -355,7 +357,11 @@ def _vector_loop(program: Program, stored: list, writer, width: str, tile_reads:
                   "      if (j >= W) break;"]
         for pp, dt, *row in tile_reads.values():     # (pointer, dtype[, False: a row vector, indexed by column])
             at = "(long long)m * W + j" if not row or row[0] else "j"
-            lines.append(f"      {_copy(f'in_{pp}[q]', f'static_cast<const {dt.cuda}*>({pp}) + {at}', dt)}")
+            load = _copy(f'in_{pp}[q]', f'static_cast<const {dt.cuda}*>({pp}) + {at}', dt, VEC)
+            if pp in early:         # the first step's columns are in registers already
+                load = (f"if (q == 0 && j0 == (long long){lane} * {VEC}) {{ "
+                        f"{_copy(f'in_{pp}[q]', early[pp], dt, VEC)} }} else {{ {load} }}")
+            lines.append(f"      {load}")
         lines.append("    }")
     lines += ["    #pragma unroll", f"    for (int q = 0; q < {steps}; ++q) {{", f"      const long long j = {step};",
               "      if (j >= W) break;", "      #pragma unroll", f"      for (int e = 0; e < {VEC}; ++e) {{",
@@ -364,14 +370,15 @@ def _vector_loop(program: Program, stored: list, writer, width: str, tile_reads:
     lines.append("      }")
     for s in stored:
         dt = program.tensors[s.tensor].dtype
-        lines.append(f"      {_copy(f'static_cast<{dt.cuda}*>({outs[s.tensor]}) + (long long)m * W + j', f'out_{outs[s.tensor]}[q]', dt)}")
+        lines.append(f"      {_copy(f'static_cast<{dt.cuda}*>({outs[s.tensor]}) + (long long)m * W + j', f'out_{outs[s.tensor]}[q]', dt, VEC)}")
     lines += ["    }", "  }", "} else {", f"  for (long long n = {lane}; n < W; n += {lanes}) {{"]
     lines += [f"    {line}" for line in body(False)]
     return lines + ["  }", "}"]
 
 
-def _copy(dst: str, src: str, dt) -> str:
-    """VEC elements of dtype dt from src to dst, both aligned to VEC elements, as 16-byte moves (VEC
-    one-byte elements are one)."""
-    return " ".join(f"reinterpret_cast<uint4*>({dst})[{i}] = reinterpret_cast<const uint4*>({src})[{i}];"
-                    for i in range(VEC * dt.bits // 128))
+def _copy(dst: str, src: str, dt, vec: int = VEC, load: str = "") -> str:
+    """vec elements of dtype dt from src to dst, both aligned to vec elements, as 16-byte moves (VEC
+    one-byte elements are one; vec * bits a multiple of 128). load: a function the loads go through
+    (__ldcg: L2 only)."""
+    return " ".join(f"reinterpret_cast<uint4*>({dst})[{i}] = {load}(reinterpret_cast<const uint4*>({src}){' + ' + str(i) if load else ''})"
+                    + ("" if load else f"[{i}]") + ";" for i in range(vec * dt.bits // 128))

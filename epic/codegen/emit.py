@@ -85,7 +85,7 @@ def render_combine(spec: combine.CombineSpec) -> str:
 
 def render_tail(spec: tail.TailSpec) -> str:
     return _env().get_template("tail.cu.j2").render(
-        t=spec, version=__version__, threads=tail.THREADS,
+        t=spec, version=__version__,
         prelude=functor.helpers_for("\n".join(spec.head + spec.first + spec.reduce + spec.stores + spec.second)),
         info=_info(spec, "tail"))
 
@@ -96,9 +96,11 @@ def kernel_configs(program: Program, m: int, overrides: dict | None = None,
     of the program's, where known) give each gemm's N, on which the heuristic's tile width depends;
     gpu: the key of the GPU it is for (plan/gpus.py)."""
     rows = kernel_rows(program, m, sizes)
-    return {k.name: config_mod.choose(k, rows[k.name], (overrides or {}).get(k.name), program.tensors,
-                                      _known(k.n, sizes), _known(k.k, sizes), gpu)
-            for k in program.kernels if k.kind == "gemm"}
+    ns = {k.name: _known(k.n, sizes) for k in program.kernels if k.kind == "gemm"}
+    configs = {k.name: config_mod.choose(k, rows[k.name], (overrides or {}).get(k.name), program.tensors,
+                                         ns[k.name], _known(k.k, sizes), gpu)
+               for k in program.kernels if k.kind == "gemm"}
+    return tail_plan.by_heuristic(program, configs, rows, ns, overrides)
 
 
 def _known(dim, sizes: dict | None) -> int | None:

@@ -7,7 +7,9 @@ Heuristic (chosen from H200 measurements: docs/PERFORMANCE.md, "Tuning"):
                                                    1x128 blocks: cluster 1x2, the two CTAs share
                                                    each block (not a 64x128 tile); N over 8192:
                                                    64x128, half the waves (SMALL_M_WIDE);
-                                                   M <= 64 and at least 96 tiles: K = 128
+                                                   M <= 64 and at least 96 tiles: K = 128;
+                                                   a row statistic with N <= 8192:
+                                                   combine=tail (plan/tail.py, by_heuristic)
   otherwise    pingpong 128x128x64, cluster 2x1  prefill: the epilogue of one warp group overlaps
                (128x192 where 192-wide tiles     the other's mainloop (LARGE_M, WIDE_N below)
                leave at most 1% of N empty),

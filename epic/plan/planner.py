@@ -107,10 +107,12 @@ def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict
     if diags:
         raise EpicError(diags)
     # each gemm's configuration for its own row count (a backward program's dW gemm has N rows)
-    configs = {k.name: config_mod.choose(k, sizes_mod.evaluate(k.rows, sizes), (overrides or {}).get(k.name),
-                                         program.tensors, sizes_mod.evaluate(k.n, sizes),
-                                         sizes_mod.evaluate(k.k, sizes), gpu)
-               for k in program.kernels if k.kind == "gemm"}
+    gemms = [k for k in program.kernels if k.kind == "gemm"]
+    rows = {k.name: sizes_mod.evaluate(k.rows, sizes) for k in gemms}
+    ns = {k.name: sizes_mod.evaluate(k.n, sizes) for k in gemms}
+    configs = {k.name: config_mod.choose(k, rows[k.name], (overrides or {}).get(k.name), program.tensors,
+                                         ns[k.name], sizes_mod.evaluate(k.k, sizes), gpu) for k in gemms}
+    configs = tail.by_heuristic(program, configs, rows, ns, overrides)
     program = tail.rewrite(program, configs)        # gemms with combine=tail: their tail kernels
     buffers = {t.name: buffer_of(t, sizes, configs) for t in program.tensors.values()}
     for t in program.tensors.values():

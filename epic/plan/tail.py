@@ -29,6 +29,37 @@ from ..shapes import Kind
 TAIL_TILE_STORES = (dtypes.F32, dtypes.BF16, dtypes.F16, dtypes.E4M3, dtypes.E5M2, dtypes.I32, dtypes.I8)
 
 
+# The heuristic takes the tail for a gemm of at most TAIL_ROWS rows (the small-M tile's range) whose N is
+# known and at most TAIL_N, where the tail can run its epilogue. Residual + RMSNorm at N = 4096 on an H100,
+# ratio to cuBLAS, default (fused epilogue + row combine kernel) against the tail
+# (bench/results/2026-12-07-h100-interleaved-tail-*.json): M = 1: 1.268 / 1.197, 16: 1.190 / 1.122,
+# 64: 1.165 / 1.094, 128: 1.209 / 1.108, 256: 1.212 / 1.171; the pre-norm first half (the tail then feeds
+# the next gemm) 1.035 / 1.020 to 1.075 / 1.070. Cross entropy over 128256 columns was slower with it
+# (0.978 / 1.155 at M = 64: the accumulator's round trip), hence TAIL_N, and a gemm that stores no tile
+# (its epilogue writes only per-tile partials, as cross entropy's) keeps its combine kernel: what the
+# tail takes out of the gemm is its tile loads and stores.
+TAIL_ROWS, TAIL_N = 256, 8192
+
+
+def by_heuristic(program: Program, configs: dict, rows: dict, ns: dict, overrides: dict | None) -> dict:
+    """configs with combine=tail where the heuristic takes it (above): not where the file or the call
+    chose a combine, nor for a gemm on the vendor's library or split along K (nor, so, for the
+    vocabulary-parallel call, epic.distributed.run_sharded, whose gemm stores no tile). rows, ns: each gemm's M
+    and N (None where the sizes leave N open)."""
+    out = dict(configs)
+    for k in program.kernels:
+        cfg = configs.get(k.name)
+        if k.kind != "gemm" or cfg is None or cfg.combine != "kernel" or cfg.vendor or cfg.split_k:
+            continue
+        chosen = "combine" in (k.options or {}) or "combine" in ((overrides or {}).get(k.name) or {})
+        n = ns.get(k.name)
+        tiles = any(s.value.kind is Kind.TILE and program.tensors[s.tensor].role != "partial" for s in k.stores)
+        if chosen or not tiles or rows[k.name] > TAIL_ROWS or n is None or n > TAIL_N or refusal(program, k):
+            continue
+        out[k.name] = replace(cfg, combine="tail")
+    return out
+
+
 def acc_buffer(gemm: str) -> str:
     return f"{gemm}__acc"
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from ..diagnostics import EpicError
 from ..ir import options as vocab
-from ..plan import backend
+from ..plan import backend, tail
 from ..plan import config as config_mod
 
 SMS = config_mod.SMS
@@ -55,8 +55,7 @@ def override(cfg: config_mod.KernelConfig) -> dict:
         out["aux_load"] = cfg.aux_load
     if cfg.splits != 1:
         out["splits"] = cfg.splits
-    if cfg.combine != "kernel":
-        out["combine"] = cfg.combine
+    out["combine"] = cfg.combine        # always: else the plan's heuristic could add combine=tail (plan/tail.py)
     if cfg.tile_order != "linear":
         out["tile_order"] = cfg.tile_order
     if cfg.load_hint != "evict_normal":
@@ -65,14 +64,15 @@ def override(cfg: config_mod.KernelConfig) -> dict:
 
 
 def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6,
-               depth: int | None = None, gpu: str | None = None) -> list[config_mod.KernelConfig]:
+               depth: int | None = None, gpu: str | None = None, program=None) -> list[config_mod.KernelConfig]:
     """Up to `limit` configurations of this gemm -- the heuristic's first; then one per (schedule,
     tile), best-ranked first, at the heuristic's cluster where legal; then the other clusters of the
     best tiles (the cost model cannot tell clusters apart) -- then the first two with swizzles 1 and 8
     (the heuristic's may lie between) and the other raster orders (along M, along N, CUTLASS's
     heuristic), the heuristic's tile with wider epilogue subtiles, and split-K where the tiles leave
     most SMs idle; and the heuristic's tile at the other K depth. gpu: the key of the GPU whose
-    heuristic comes first (plan/gpus.py)."""
+    heuristic comes first (plan/gpus.py). program (the kernel's): where the plan's heuristic takes
+    combine=tail (plan/tail.py), that configuration comes first, the rest with the combine kernel."""
     heuristic = config_mod.choose(kernel, m, None, tensors, n, depth, gpu)
     # epic's kernels around the heuristic's CUTLASS configuration, and the vendor's gemm where it can
     # run this gemm (first where the heuristic chose it)
@@ -118,6 +118,10 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6,
     if cfg is not None and all(c.key() != cfg.key() for c in out):
         out.append(cfg)
     out += split_k(kernel, tensors, m, n)
+    if program is not None and not heuristic.vendor:
+        planned = tail.by_heuristic(program, {kernel.name: first}, {kernel.name: m}, {kernel.name: n}, None)
+        if planned[kernel.name] != first:
+            out = [planned[kernel.name]] + out
     return vendor + out if heuristic.vendor else out[:1] + vendor + out[1:]
 
 

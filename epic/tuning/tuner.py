@@ -173,7 +173,8 @@ def _trials(program, sizes: dict[str, int], kernel, limit: int, best: dict[str, 
     plan refuses says why."""
     m, n = sizes_mod.evaluate(kernel.rows, sizes), sizes_mod.evaluate(kernel.n, sizes)   # this gemm's own
     out = []
-    for cfg in space.candidates(kernel, program.tensors, m, n, limit, sizes_mod.evaluate(kernel.k, sizes), key):
+    for cfg in space.candidates(kernel, program.tensors, m, n, limit, sizes_mod.evaluate(kernel.k, sizes), key,
+                                program):
         trial = Trial(kernel.name, str(cfg), space.override(cfg))
         try:
             plan = planner.make_plan(program, sizes, {**best, kernel.name: trial.override}, key)
