@@ -321,17 +321,18 @@ def steps_in_flight(tile_reads: dict, vec: int = VEC) -> int:
 
 def _vector_loop(program: Program, stored: list, writer, width: str, tile_reads: dict, ptr,
                  lane: str = "lane", lanes: str = "32", vec: int = VEC, early: dict | None = None) -> list[str]:
-    """The per-column loop without packed stores: where W is a multiple of VEC (every row then starts
-    VEC-element aligned, and tensors are 16-byte aligned), each lane moves VEC consecutive columns per
+    """The per-column loop without packed stores: where W is a multiple of vec (every row then starts
+    vec-element aligned, and tensors are 16-byte aligned), each lane moves vec consecutive columns per
     step with vector loads and stores (8, 16 or 32 bytes), loading U steps (steps_in_flight) before it
     computes and stores them (a finished tile may be written over the one it reads: each element is
     read and written by one lane, its read first); else one column per step. lane, lanes: the C++ of
     the thread's index among the row's threads and their count (a warp's lanes here; a tail kernel's
-    CTA, codegen/tail.py); vec: columns per lane and step; early: pointer -> the array holding the
-    lane's first step of that read, loaded before the loop (a tail kernel's inputs, before its wait)."""
+    CTA, codegen/tail.py); vec: columns per lane and step (VEC in a combine kernel); early: pointer ->
+    the array holding the lane's first step of that read, loaded before the loop (a tail kernel's
+    inputs, before its wait)."""
     outs = {s.tensor: ptr("out", program.tensors[s.tensor].name, program.tensors[s.tensor].dtype) for s in stored}
     steps = steps_in_flight(tile_reads, vec)
-    VEC, early = vec, early or {}     # noqa: N806 (the loop below is written for the module's VEC)
+    early = early or {}
 
     def body(vector: bool) -> list[str]:
         lines = [f"const float {tile_reads[i][0]}_at = float(in_{tile_reads[i][0]}[q][e]);" if vector and i in tile_reads
@@ -345,32 +346,32 @@ def _vector_loop(program: Program, stored: list, writer, width: str, tile_reads:
                          f"static_cast<{t.dtype.cuda}*>({outs[s.tensor]})[(long long)m * W + n] = {conv};")
         return lines
 
-    step = f"j0 + (long long)q * {lanes} * {VEC}"
-    lines = [f"const long long W = (long long)({width});", f"if (W % {VEC} == 0) {{",
-             f"  for (long long j0 = (long long){lane} * {VEC}; j0 < W; j0 += {lanes} * {VEC} * {steps}) {{"]
+    step = f"j0 + (long long)q * {lanes} * {vec}"
+    lines = [f"const long long W = (long long)({width});", f"if (W % {vec} == 0) {{",
+             f"  for (long long j0 = (long long){lane} * {vec}; j0 < W; j0 += {lanes} * {vec} * {steps}) {{"]
     for pp, dt, *_ in tile_reads.values():
-        lines.append(f"    alignas(16) {dt.cuda} in_{pp}[{steps}][{VEC}];")
+        lines.append(f"    alignas(16) {dt.cuda} in_{pp}[{steps}][{vec}];")
     for s in stored:
-        lines.append(f"    alignas(16) {program.tensors[s.tensor].dtype.cuda} out_{outs[s.tensor]}[{steps}][{VEC}];")
+        lines.append(f"    alignas(16) {program.tensors[s.tensor].dtype.cuda} out_{outs[s.tensor]}[{steps}][{vec}];")
     if tile_reads:
         lines += ["    #pragma unroll", f"    for (int q = 0; q < {steps}; ++q) {{", f"      const long long j = {step};",
                   "      if (j >= W) break;"]
         for pp, dt, *row in tile_reads.values():     # (pointer, dtype[, False: a row vector, indexed by column])
             at = "(long long)m * W + j" if not row or row[0] else "j"
-            load = _copy(f'in_{pp}[q]', f'static_cast<const {dt.cuda}*>({pp}) + {at}', dt, VEC)
+            load = _copy(f'in_{pp}[q]', f'static_cast<const {dt.cuda}*>({pp}) + {at}', dt, vec)
             if pp in early:         # the first step's columns are in registers already
-                load = (f"if (q == 0 && j0 == (long long){lane} * {VEC}) {{ "
-                        f"{_copy(f'in_{pp}[q]', early[pp], dt, VEC)} }} else {{ {load} }}")
+                load = (f"if (q == 0 && j0 == (long long){lane} * {vec}) {{ "
+                        f"{_copy(f'in_{pp}[q]', early[pp], dt, vec)} }} else {{ {load} }}")
             lines.append(f"      {load}")
         lines.append("    }")
     lines += ["    #pragma unroll", f"    for (int q = 0; q < {steps}; ++q) {{", f"      const long long j = {step};",
-              "      if (j >= W) break;", "      #pragma unroll", f"      for (int e = 0; e < {VEC}; ++e) {{",
+              "      if (j >= W) break;", "      #pragma unroll", f"      for (int e = 0; e < {vec}; ++e) {{",
               "        const long long n = j + e;"]
     lines += [f"        {line}" for line in body(True)]
     lines.append("      }")
     for s in stored:
         dt = program.tensors[s.tensor].dtype
-        lines.append(f"      {_copy(f'static_cast<{dt.cuda}*>({outs[s.tensor]}) + (long long)m * W + j', f'out_{outs[s.tensor]}[q]', dt, VEC)}")
+        lines.append(f"      {_copy(f'static_cast<{dt.cuda}*>({outs[s.tensor]}) + (long long)m * W + j', f'out_{outs[s.tensor]}[q]', dt, vec)}")
     lines += ["    }", "  }", "} else {", f"  for (long long n = {lane}; n < W; n += {lanes}) {{"]
     lines += [f"    {line}" for line in body(False)]
     return lines + ["  }", "}"]
