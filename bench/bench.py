@@ -420,11 +420,12 @@ def gemm_overrides(program, cfg: dict) -> dict:
 
 
 def parse_config(key: str) -> dict:
-    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold][_tiles][_serp|_dyn][_nohint]' -> {'schedule':
-    'cooperative', 'tile': (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile, tile-scheduler
-    swizzle, raster (m or n), split-K count, combine=fold or tail, trace=tiles, tile_order=serpentine or dynamic and
-    load_hint=none. Without the schedule, tile and cluster ('fold', 'rn', 'rn_s4', 'tiles', 'serp',
-    'serp_nohint'): the default configuration with those changes ('rm', 'rn', 's4': the same built kernel)."""
+    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold|_tail|_kernel][_tiles][_serp|_dyn][_nohint]'
+    -> {'schedule': 'cooperative', 'tile': (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile,
+    tile-scheduler swizzle, raster (m or n), split-K count, combine=fold, tail or kernel, trace=tiles,
+    tile_order=serpentine or dynamic and load_hint=none. Without the schedule, tile and cluster ('fold', 'rn',
+    'rn_s4', 'tiles', 'serp', 'serp_nohint'): the default configuration with those changes ('rm', 'rn', 's4':
+    the same built kernel)."""
     parts = key.split("_")
     cfg: dict = {}
     if parts[0] in SCHEDULES:
@@ -440,7 +441,7 @@ def parse_config(key: str) -> dict:
             cfg["splits"] = int(extra[1:])
         elif extra in ("rm", "rn"):
             cfg["raster"] = extra[1]
-        elif extra in ("fold", "tail"):
+        elif extra in ("fold", "tail", "kernel"):      # kernel: the combine kernel, where decode takes the tail
             cfg["combine"] = extra
         elif extra == "tiles":
             cfg["trace"] = "tiles"
