@@ -56,6 +56,14 @@ def test_the_heuristic_takes_the_tail_at_decode_where_a_gemm_stores_tiles(name, 
     assert configs == plan.configs          # what a build (prebuild, bundles) makes is what the call plans
 
 
+def test_a_rewritten_program_is_not_rewritten_again():
+    """The plan's program (already with its tail kernels) through emit.specs: the same kernels, not E216
+    for a gemm whose row combine kernel is gone."""
+    plan = tail_plan("samples/residual_rmsnorm.epi", dict(M=64, D=4096), "o_proj")
+    assert tail.rewrite(plan.program, plan.configs) is plan.program
+    assert [type(s).__name__ for s in emit.specs(plan.program, plan.configs)] == ["KernelSpec", "TailSpec"]
+
+
 @pytest.mark.parametrize("name, sizes, gemm", [
     ("samples/residual_rmsnorm.epi", dict(M=5, D=72), "o_proj"),
     # normalized rows returned: the tail's second pass over the columns, then a gemm reading them

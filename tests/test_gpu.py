@@ -542,8 +542,8 @@ def test_a_captured_program_replays_like_calls(name):
     assert info.value.codes == ["E609"]
 
 
-def _same_bytes(want: dict, got: dict, how: str) -> None:
-    """After the stream's work: every output in `want` has the same bytes in `got`."""
+def _same_bytes(want: dict, how: str, got: dict) -> None:
+    """After the stream's work: every output in `want` has the same bytes in `got` (how: the case)."""
     torch.cuda.synchronize()
     for k in want:
         assert torch.equal(got[k].view(-1).view(torch.uint8), want[k].view(-1).view(torch.uint8)), f"{how}: {k}"
@@ -579,33 +579,27 @@ def test_a_decode_call_waits_for_what_the_caller_ran_before_it(name, sizes, monk
     source = x.clone()
     torch.cuda.synchronize()
 
-    def check(how, got):
-        _same_bytes(want, got, how)
-
-    def poison():
-        _poison(x)
-
-    poison()
+    _poison(x)
     write(x)
-    check("after a kernel", prog(**inputs))
-    poison()
+    _same_bytes(want, "after a kernel", prog(**inputs))
+    _poison(x)
     x.copy_(source)
-    check("after a copy", prog(**inputs))
-    poison()
+    _same_bytes(want, "after a copy", prog(**inputs))
+    _poison(x)
     other = torch.cuda.Stream()
     other.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(other):
         write(x)
     torch.cuda.current_stream().wait_stream(other)
-    check("after another stream's kernel", prog(**inputs))
+    _same_bytes(want, "after another stream's kernel", prog(**inputs))
     for how, before in (("a kernel", lambda: write(x)), ("a copy", lambda: x.copy_(source))):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             before()
             out = prog(**inputs)
-        poison()
+        _poison(x)
         graph.replay()
-        check(f"after {how} in a CUDA graph", out)
+        _same_bytes(want, f"after {how} in a CUDA graph", out)
 
 
 @pytest.mark.parametrize("tensor", ["z", "gamma"])
@@ -629,23 +623,17 @@ def test_a_tail_reads_inputs_written_just_before_the_call(tensor, monkeypatch):
     want = {k: v.clone() for k, v in prog(**inputs).items()}
     assert [k.kind for k in prog.plan(sizes).program.kernels] == ["gemm", "tail"]
 
-    def check(how, got):
-        _same_bytes(want, got, how)
-
-    def poison():
-        _poison(x)
-
     for _ in range(3):
-        poison()
+        _poison(x)
         write()
-        check("after a kernel", prog(**inputs))
+        _same_bytes(want, "after a kernel", prog(**inputs))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         write()
         out = prog(**inputs)
-    poison()
+    _poison(x)
     graph.replay()
-    check("after a kernel in a CUDA graph", out)
+    _same_bytes(want, "after a kernel in a CUDA graph", out)
 
 
 def test_inside_torch_compile():

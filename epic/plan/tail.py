@@ -129,9 +129,10 @@ def _unsupported(program: Program, v: Value) -> str | None:
 def rewrite(program: Program, configs: dict) -> Program:
     """The program with each gemm whose configuration says combine=tail and the row combine kernel
     after it replaced by that gemm storing its accumulator and a tail kernel (the module's docstring).
-    Raises E216 where such a gemm cannot take it."""
+    Raises E216 where such a gemm cannot take it. A program rewritten already comes back as it is."""
+    done = {k.source for k in program.kernels if k.kind == "tail"}
     tails = {k.name for k in program.kernels if k.kind == "gemm" and k.name in configs
-             and configs[k.name].combine == "tail"}
+             and configs[k.name].combine == "tail" and k.name not in done}
     if not tails:
         return program
     tensors, kernels, merged = dict(program.tensors), [], set()
