@@ -44,6 +44,14 @@ def test_the_gemm_stores_its_accumulator_and_the_tail_does_the_rest():
     ("samples/residual_rmsnorm.epi", dict(M=64, D=4096), "kernel", ["gemm", "combine"]),  # the call's choice
     ("samples/cross_entropy.epi", dict(M=64, D=256, V=1024), None, ["gemm", "combine"]),  # stores no tile
     ("samples/prenorm_mlp.epi", dict(M=16, D=512, F=1024), None, ["gemm", "tail", "gemm", "gemm"]),
+    # block statistics alone: the heads of QK-norm, fp8's scale blocks
+    ("samples/qk_norm_rope.epi", dict(M=64, D=4096, H=32, Dh=128), None, ["gemm", "tail"]),
+    ("samples/fp8_block_quant.epi", dict(M=64, D=4096, N=4096), None, ["gemm", "tail"]),
+    ("samples/fp8_block_quant.epi", dict(M=512, D=4096, N=4096), None, ["gemm"]),
+    ("samples/fp8_block_quant.epi", dict(M=63, D=4096, N=4096), None, ["gemm"]),    # below BLOCK_TAIL_ROWS
+    ("samples/qk_norm_rope.epi", dict(M=256, D=4096, H=32, Dh=128), None, ["gemm", "tail"]),
+    ("samples/fp8_block_quant.epi", dict(M=64, D=4096, N=4096), "kernel", ["gemm"]),
+    ("samples/swiglu_fp8_quant.epi", dict(M=64, D=4096, F=4096), None, ["gemm"]),    # blocks of SwiGLU's output
 ])
 def test_the_heuristic_takes_the_tail_at_decode_where_a_gemm_stores_tiles(name, sizes, override, kinds):
     program = analyzed(name)
@@ -54,6 +62,20 @@ def test_the_heuristic_takes_the_tail_at_decode_where_a_gemm_stores_tiles(name, 
         assert tail.rewrite(program, plan.configs) is program
     configs = emit.kernel_configs(program, sizes["M"], {first: {"combine": override}} if override else None, sizes)
     assert configs == plan.configs          # what a build (prebuild, bundles) makes is what the call plans
+
+
+def test_a_block_statistic_gemm_that_takes_the_tail_leaves_its_blocks_to_it():
+    """The 1x2 cluster (two CTAs sharing a 1x128 block) and the block-wide epilogue subtile a block
+    statistic takes in the gemm's epilogue are not what a gemm storing its accumulator needs: with the
+    tail it gets a plain gemm's configuration, and without it the block's."""
+    sizes = dict(M=64, D=4096, H=32, Dh=128)
+    program = analyzed("samples/qk_norm_rope.epi")
+    tail_cfg = planner.make_plan(program, sizes).configs["q_proj"]
+    in_gemm = planner.make_plan(program, sizes, {"q_proj": {"combine": "kernel"}}).configs["q_proj"]
+    plain = planner.make_plan(analyzed("bench/programs/plain.epi"), dict(M=64, K=4096, N=4096)).configs["plain"]
+    assert tail_cfg.combine == "tail" and (tail_cfg.tile, tail_cfg.cluster, tail_cfg.epi_tile) == (
+        plain.tile, plain.cluster, plain.epi_tile)
+    assert in_gemm.cluster == (1, 2) and in_gemm.epi_tile == (64, 64)
 
 
 def test_a_rewritten_program_is_not_rewritten_again():
@@ -72,6 +94,16 @@ def test_a_rewritten_program_is_not_rewritten_again():
     ("tests/programs/per_token_i8.epi", dict(M=6, K=40, N=48, P=32), "up"),
     # cross entropy: a row log-sum-exp and a picked label logit
     ("samples/cross_entropy.epi", dict(M=4, D=40, V=88), None),
+    # 1xB block statistics, pairs and per-head vectors: QK-norm + RoPE, fp8 and int8 block quantization
+    # with their scales stored, a block max and a block mean next to pairs, a per-head gamma
+    ("samples/qk_norm_rope.epi", dict(M=5, D=40, H=3, Dh=128), None),
+    ("samples/qkv_qk_norm.epi", dict(M=3, D=24, H=1, Dh=128), None),
+    ("samples/fp8_block_quant.epi", dict(M=3, D=40, N=384), None),
+    ("tests/programs/quant_exposed.epi", dict(M=4, K=40, N=256), "q8"),
+    ("tests/programs/quant_exposed.epi", dict(M=4, K=40, N=256), "qi8"),
+    ("tests/programs/block_stats.epi", dict(M=5, K=40, N=192, P=128), "scaled"),
+    ("tests/programs/block_stats.epi", dict(M=5, K=40, N=192, P=128), "normed"),
+    ("bench/programs/resid_norm_periodic.epi", dict(M=3, D=40, H=3, Dh=64), None),
 ])
 def test_the_rewritten_program_computes_what_the_program_does(name, sizes, gemm):
     """The plan's program, run by the reference interpreter, against the program itself: the same
@@ -92,11 +124,13 @@ def test_the_rewritten_program_computes_what_the_program_does(name, sizes, gemm)
 
 
 @pytest.mark.parametrize("name, why", [
-    ("samples/bias_gelu.epi", "it has no row statistic"),
-    ("samples/qk_norm_rope.epi", "it has no row statistic"),        # its head statistics stay in the gemm
-    ("bench/programs/resid_norm_periodic.epi", "'gamma' is read once per Dh columns"),
+    ("samples/bias_gelu.epi", "it has no row or block statistic"),
     ("tests/programs/per_token_i4.epi", "it stores 'q' as i4"),
     ("tests/programs/col_stats.epi", "it has column statistics too"),
+    # a block of the half-width SwiGLU output, an e8m0 scale store, a block narrower than a thread's columns
+    ("samples/swiglu_fp8_quant.epi", "blocks of a value narrower than the accumulator"),
+    ("samples/mxfp8_block_quant.epi", "as e8m0"),
+    ("tests/programs/tiny_blocks.epi", "reduces 1x8 blocks (the tail's threads hold 16 columns each"),
 ])
 def test_a_gemm_the_tail_cannot_run_says_why(name, why):
     program = analyzed(name)
@@ -123,8 +157,10 @@ def test_the_tail_kernel_lowers_into_its_passes():
 
 @pytest.mark.nvcc
 def test_nvcc_builds_tail_kernels(tmp_path, monkeypatch):
-    """The tail kernels of three programs (one pass; two passes; a quantizing store), and the gemm that
-    stores its accumulator, compiled by nvcc and loaded with the C ABI the runtime expects."""
+    """The tail kernels of six programs (one pass; two passes; a quantizing store; 1xB block statistics
+    with pairs and per-head vectors; fp8 block quantization storing its scales; a block max and mean
+    with pairs), and the gemm that stores its accumulator, compiled by nvcc and loaded with the C ABI
+    the runtime expects."""
     from epic.runtime import build, loader
     if not build.shutil.which("nvcc"):
         pytest.skip("nvcc not installed")
@@ -132,7 +168,10 @@ def test_nvcc_builds_tail_kernels(tmp_path, monkeypatch):
     pairs = []
     for name, sizes, gemm in [("samples/residual_rmsnorm.epi", dict(M=64, D=4096), "o_proj"),
                               ("tests/programs/rmsnorm_out.epi", dict(M=64, K=40, D=48, N=24), "o_proj"),
-                              ("tests/programs/per_token_i8.epi", dict(M=64, K=40, N=48, P=32), "up")]:
+                              ("tests/programs/per_token_i8.epi", dict(M=64, K=40, N=48, P=32), "up"),
+                              ("samples/qk_norm_rope.epi", dict(M=64, D=4096, H=32, Dh=128), "q_proj"),
+                              ("samples/fp8_block_quant.epi", dict(M=64, D=4096, N=4096), "proj"),
+                              ("tests/programs/block_stats.epi", dict(M=64, K=40, N=192, P=128), "normed")]:
         program = analyzed(name)
         units = emit.units(program, emit.kernel_configs(program, 64, {gemm: dict(TAIL)}, sizes))
         pairs += [(s, u) for s, u in units if isinstance(s, tail_codegen.TailSpec)]
@@ -155,6 +194,10 @@ def test_the_plan_says_what_the_tail_does():
     assert "o_proj__tail: tail of o_proj (combine=tail)" in text and "writes o_proj__acc" in text
     fused = {r.kernel: r for r in ledger.fused_rows(plan)}
     assert fused["o_proj__tail"].read_bytes == 64 * 4096 * 4 + 64 * 4096 * 2 + 4096 * 2
+    heads = pipeline.analyze(str(ROOT / "samples/qk_norm_rope.epi"))
+    text = ledger.render(planner.make_plan(heads.program, dict(M=64, D=4096, H=32, Dh=128)), heads.source_program)
+    assert "q_proj__tail: tail of q_proj (combine=tail): q_proj's epilogue on its stored accumulator, the 1xB " \
+        "block statistics, a CTA per row" in text
 
 
 def test_reference_of_the_plan_on_torch_inputs():
@@ -205,9 +248,15 @@ def test_epic_check_warns_where_a_file_asks_for_a_tail_a_gemm_cannot_take(tmp_pa
     bad.write_text(text)
     analysis = pipeline.analyze(str(bad))
     (d,) = refusals.refusals(analysis.program, analysis.source_program)
-    assert d.code == "E216" and "gemm 'up' cannot take combine=tail: it has no row statistic" in d.message
+    assert d.code == "E216" and "gemm 'up' cannot take combine=tail: it has no row or block statistic" in d.message
     good = tmp_path / "residual_rmsnorm_tail.epi"
     good.write_text((ROOT / "samples/residual_rmsnorm.epi").read_text().replace(
         "@ wo: bf16[D, D]) {", "@ wo: bf16[D, D]) with combine=tail {"))
     analysis = pipeline.analyze(str(good))
+    assert refusals.refusals(analysis.program, analysis.source_program) == []
+    heads = tmp_path / "qk_norm_rope_tail.epi"        # block statistics, pairs and per-head vectors
+    heads.write_text((ROOT / "samples/qk_norm_rope.epi").read_text().replace(
+        "@ wq: bf16[D, H*Dh]) {", "@ wq: bf16[D, H*Dh]) with combine=tail {"))
+    assert "with combine=tail" in heads.read_text()
+    analysis = pipeline.analyze(str(heads))
     assert refusals.refusals(analysis.program, analysis.source_program) == []

@@ -1,9 +1,10 @@
 """Generated kernels executed on the CPU (tests/hostsim) against the reference interpreter.
 
 Every sample and tests/programs/*.epi that code generation supports today (E702 skips, with the
-reason), under both configurations the heuristic picks (small M: pingpong 64x64x64, cluster 1x2
-where two CTAs share 1x128 blocks; large M: pingpong 128x128x64, cluster 2x1, and 128x192 where N is
-a multiple of 192), at ragged sizes (M = 1,
+reason), under both configurations the heuristic picks (small M: pingpong 64x64x64, with a tail kernel
+where a gemm has a row or block statistic (combine=tail), and again with the statistics in the gemm's
+epilogue (combine=kernel: a cluster 1x2 where two CTAs share 1x128 blocks); large M: pingpong
+128x128x64, cluster 2x1, and 128x192 where N is a multiple of 192), at ragged sizes (M = 1,
 77, 300 with N, K not multiples of the tile) and one multiple of the tile, and once more with extra
 tiles loaded straight to registers (aux_load=direct, where a program loads any), and under both with
 each row combine kernel folded into its gemm (combine=fold, where a program has one), and at small M
@@ -29,6 +30,8 @@ from .hostsim import harness
 PROGRAMS = [str(p.relative_to(ROOT)) for p in [*SAMPLES, *sorted((ROOT / "tests" / "programs").glob("*.epi"))]]
 # configuration: (the M whose heuristic configuration it is, changes to it)
 CONFIGS = {"small_m": (64, {}), "large_m": (8192, {}),
+           # the statistics in the gemm's epilogue and a combine kernel, where the heuristic takes the tail
+           "small_m_kernel": (64, {"combine": "kernel"}),
            "large_m_direct": (8192, {"aux_load": "direct"}),     # extra tiles loaded straight to registers
            # a row statistic's combine kernel folded into its gemm (the last CTA of a row block merges)
            "small_m_fold": (64, {"combine": "fold"}), "large_m_fold": (8192, {"combine": "fold"}),
@@ -46,7 +49,8 @@ MANY_ROWS, MANY_COLS = (4100, 392, 136), (300, 4104, 136)
 # a tail kernel's CTA (256 threads, 16 columns each per step) over rows of more than 4096 columns, K as
 # wide (residual + RMSNorm's D is both): every warp column by column (4104), then vector steps (4608)
 TAIL_WIDE = [(5, 4104, 4104), (3, 4608, 4608)]
-CASES = [(config, shape) for config in ("small_m", "large_m", "small_m_fold", "large_m_fold") for shape in SHAPES] + \
+CASES = [(config, shape) for config in ("small_m", "small_m_kernel", "large_m", "small_m_fold", "large_m_fold")
+         for shape in SHAPES] + \
     [("large_m", WIDE), ("large_m_fold", WIDE), ("large_m_direct", SHAPES[1]), ("small_m", FINISH_WIDE),
      ("large_m", MANY_ROWS), ("large_m", MANY_COLS)] + \
     [("small_m_tail", shape) for shape in [*SHAPES, FINISH_WIDE, *TAIL_WIDE]]
@@ -117,6 +121,9 @@ def same_as_unchanged(config: str, case: harness.Case, shape=None) -> str | None
         return "no row combine kernel to fold: the same kernels as without combine=fold"
     if config.endswith("_tail") and not any(k.kind == "tail" for k in case.program.kernels):
         return "no gemm the tail can run: the same kernels as without combine=tail"
+    if config == "small_m_kernel" and not any(
+            k.kind == "tail" for k in harness.prepare(case.path, case.sizes, case.config_m).program.kernels):
+        return "the heuristic takes no tail at small M: the same kernels as small_m"
     return None
 
 

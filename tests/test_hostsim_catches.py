@@ -78,6 +78,14 @@ combine_skips_last_row = combine_edited(
 tail_skips_last_warp = combine_edited(
     lambda text: text.replace("for (int w = 0; w < kWarps; ++w)", "for (int w = 0; w < kWarps - 1; ++w)"),
     "the tail's merge of the warps", "render_tail")
+# a tail kernel's 1x128 block butterfly over 8 of its 16 lanes: each half of a head gets its own statistic
+tail_block_half_butterfly = combine_edited(
+    lambda text: text.replace("for (int o = 8; o > 0; o >>= 1) { float x = __shfl_xor_sync(group, blk",
+                              "for (int o = 4; o > 0; o >>= 1) { float x = __shfl_xor_sync(group, blk"),
+    "the tail's block butterfly", "render_tail")
+# a tail kernel's whole-vector read of a per-head vector starts a step (8 entries) late
+tail_periodic_step_late = combine_edited(
+    lambda text: text.replace("+ (j % per_", "+ ((j + 8) % per_"), "the tail's per-head vector read", "render_tail")
 # with several rows per warp (many rows), each lane skips its first tile
 grouped_combine_skips_tiles = combine_edited(
     lambda text: text.replace("for (int t0 = tile_lane;", "for (int t0 = tile_lane + tile_lanes;"),
@@ -136,6 +144,12 @@ def fold_skips_last_tile(source: str) -> str:
     return source.replace("if (t0 + u * kLanes < tiles_n) {", "if (t0 + u * kLanes < tiles_n - 1) {")
 
 
+def tail_reads_gamma_from_z(source: str) -> str:
+    """A tail kernel reads RMSNorm's gamma (p2, a row vector) through z's pointer (p1, a tile): row 0
+    of z stands in for gamma, whose pointer goes unused."""
+    return source.replace("static_cast<const __nv_bfloat16*>(p2) + (j)", "static_cast<const __nv_bfloat16*>(p1) + (j)")
+
+
 def rename_node_type(source: str) -> str:
     """A node type the simulator has never heard of."""
     return source.replace("Sm90RowBroadcast<", "Sm90FancyBroadcast<")
@@ -171,6 +185,12 @@ PLANTED = {
                              r"r \(f32\): \d+ of 77 elements off"),
     "tail_skips_last_warp": ("samples/residual_rmsnorm.epi", dict(M=5, D=4104), 64, tail_skips_last_warp, None,
                              r"r \(f32\): \d+ of 5 elements off"),
+    "tail_reads_gamma_from_z": ("samples/residual_rmsnorm.epi", dict(M=5, D=392), 64, no_bug, tail_reads_gamma_from_z,
+                                r"reads p1 as vector, but epic_info says it is tile:z"),
+    "tail_block_half_butterfly": ("samples/qk_norm_rope.epi", dict(M=5, D=200, H=2, Dh=128), 64,
+                                  tail_block_half_butterfly, None, r"q \(bf16\): \d+ of"),
+    "tail_periodic_step_late": ("bench/programs/resid_norm_periodic.epi", dict(M=5, D=40, H=4, Dh=64), 64,
+                                tail_periodic_step_late, None, r"hg \(bf16\): \d+ of"),
     # the nodes' own arithmetic: online log-sum-exp, block quantization, block statistic scaling, per-head index
     "lse_rescale_inverted": ("samples/cross_entropy.epi", dict(M=77, D=200, V=392), 64,
                              arith_bug("__expf(old_max - new_max)", "__expf(new_max - old_max)"), None,
@@ -194,9 +214,12 @@ PLANTED = {
 }
 ARITH_BUGS = {"lse_rescale_inverted", "lse_pivot_dropped", "block_amax_signed", "block_statistic_divides",
               "periodic_index_unwrapped", "periodic_tile_start_zero"}
-# configuration changes of a case: at small M residual + RMSNorm takes the tail by default (plan/tail.py)
-OPTIONS = {"fold_skips_last_tile": {"combine": "fold"}, "swapped_node_pointers": {"combine": "kernel"},
-           "combine_skips_first_tile": {"combine": "kernel"}}
+# configuration changes of a case: at small M a gemm with a row or block statistic takes the tail by
+# default (plan/tail.py); the bugs planted in the gemm's epilogue nodes or the combine kernel need it off
+IN_GEMM = {"combine": "kernel"}
+OPTIONS = {"fold_skips_last_tile": {"combine": "fold"}, "swapped_node_pointers": IN_GEMM,
+           "combine_skips_first_tile": IN_GEMM, "block_amax_signed": IN_GEMM, "block_statistic_divides": IN_GEMM,
+           "periodic_index_unwrapped": IN_GEMM, "periodic_tile_start_zero": IN_GEMM}
 
 
 def negative_inputs(case: harness.Case) -> dict:

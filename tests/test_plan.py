@@ -223,8 +223,9 @@ def test_bad_configuration_is_a_diagnostic():
 def test_block_wider_than_tile_widens_tile():
     prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  s = block_max(abs(acc), 256)\n"
                    "  out q: e4m3 = acc / s\n  out qs: f32[M, N/256] = s\n}\n").program
-    plan = planner.make_plan(prog, dict(M=64, K=64, N=1024))
+    plan = planner.make_plan(prog, dict(M=64, K=64, N=1024), {"g": {"combine": "kernel"}})   # in the gemm's epilogue
     assert plan.configs["g"].tile_n == 256
+    assert planner.make_plan(prog, dict(M=512, K=64, N=1024)).configs["g"].tile_n == 256
 
 
 def test_scheduler_options_are_launch_time_only():

@@ -319,20 +319,15 @@ def steps_in_flight(tile_reads: dict, vec: int = VEC) -> int:
     return max(1, min(4, IN_FLIGHT_BYTES * 8 // (vec * widest)))
 
 
-def _vector_loop(program: Program, stored: list, writer, width: str, tile_reads: dict, ptr,
-                 lane: str = "lane", lanes: str = "32", vec: int = VEC, early: dict | None = None) -> list[str]:
-    """The per-column loop without packed stores: where W is a multiple of vec (every row then starts
-    vec-element aligned, and tensors are 16-byte aligned), each lane moves vec consecutive columns per
+def _vector_loop(program: Program, stored: list, writer, width: str, tile_reads: dict, ptr) -> list[str]:
+    """The per-column loop without packed stores: where W is a multiple of VEC (every row then starts
+    VEC-element aligned, and tensors are 16-byte aligned), each lane moves VEC consecutive columns per
     step with vector loads and stores (8, 16 or 32 bytes), loading U steps (steps_in_flight) before it
     computes and stores them (a finished tile may be written over the one it reads: each element is
-    read and written by one lane, its read first); else one column per step. lane, lanes: the C++ of
-    the thread's index among the row's threads and their count (a warp's lanes here; a tail kernel's
-    CTA, codegen/tail.py); vec: columns per lane and step (VEC in a combine kernel); early: pointer ->
-    the array holding the lane's first step of that read, loaded before the loop (a tail kernel's
-    inputs, before its wait)."""
+    read and written by one lane, its read first); else one column per step."""
     outs = {s.tensor: ptr("out", program.tensors[s.tensor].name, program.tensors[s.tensor].dtype) for s in stored}
+    lane, lanes, vec = "lane", "32", VEC
     steps = steps_in_flight(tile_reads, vec)
-    early = early or {}
 
     def body(vector: bool) -> list[str]:
         lines = [f"const float {tile_reads[i][0]}_at = float(in_{tile_reads[i][0]}[q][e]);" if vector and i in tile_reads
@@ -358,11 +353,7 @@ def _vector_loop(program: Program, stored: list, writer, width: str, tile_reads:
                   "      if (j >= W) break;"]
         for pp, dt, *row in tile_reads.values():     # (pointer, dtype[, False: a row vector, indexed by column])
             at = "(long long)m * W + j" if not row or row[0] else "j"
-            load = _copy(f'in_{pp}[q]', f'static_cast<const {dt.cuda}*>({pp}) + {at}', dt, vec)
-            if pp in early:         # the first step's columns are in registers already
-                load = (f"if (q == 0 && j0 == (long long){lane} * {vec}) {{ "
-                        f"{_copy(f'in_{pp}[q]', early[pp], dt, vec)} }} else {{ {load} }}")
-            lines.append(f"      {load}")
+            lines.append(f"      {_copy(f'in_{pp}[q]', f'static_cast<const {dt.cuda}*>({pp}) + {at}', dt, vec)}")
         lines.append("    }")
     lines += ["    #pragma unroll", f"    for (int q = 0; q < {steps}; ++q) {{", f"      const long long j = {step};",
               "      if (j >= W) break;", "      #pragma unroll", f"      for (int e = 0; e < {vec}; ++e) {{",

@@ -100,7 +100,8 @@ def kernel_configs(program: Program, m: int, overrides: dict | None = None,
     configs = {k.name: config_mod.choose(k, rows[k.name], (overrides or {}).get(k.name), program.tensors,
                                          ns[k.name], _known(k.k, sizes), gpu)
                for k in program.kernels if k.kind == "gemm"}
-    return tail_plan.by_heuristic(program, configs, rows, ns, overrides)
+    return tail_plan.by_heuristic(program, configs, rows, ns, overrides, lambda k, override: config_mod.choose(
+        k, rows[k.name], override, program.tensors, ns[k.name], _known(k.k, sizes), gpu))
 
 
 def _known(dim, sizes: dict | None) -> int | None:

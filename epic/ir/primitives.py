@@ -529,6 +529,7 @@ _PRIMS = [
                   "for an integer input L, whose one nonzero partial is in the tile of column L"),
     # ---- idioms as internal ops (made by passes, never written): code generation matches the op
     Primitive("block_quant", Family.BLOCK, 2, _block_quant_rule, ref=_block_quant_ref,
+              cxx="{0} / {1}",   # one element over its block's scale (the decode tail's code, codegen/tail.py)
               attrs={"block": _power_of_two, "floor": _NUMBER, "qmax": _NUMBER},
               show=lambda a: f"1x{a['block']} floor {_fmt_num(a['floor'])} qmax {_fmt_num(a['qmax'])}",
               doc="x / s for a tile x and its 1xB block scale s = max(block_amax(x, B), floor) / qmax "

@@ -8,8 +8,10 @@ Heuristic (chosen from H200 measurements: docs/PERFORMANCE.md, "Tuning"):
                                                    each block (not a 64x128 tile); N over 8192:
                                                    64x128, half the waves (SMALL_M_WIDE);
                                                    M <= 64 and at least 96 tiles: K = 128;
-                                                   a row statistic with N <= 8192:
-                                                   combine=tail (plan/tail.py, by_heuristic)
+                                                   a row statistic with N <= 8192, or
+                                                   1xB blocks from M = 64: combine=tail
+                                                   (plan/tail.py, by_heuristic; the gemm
+                                                   then plans without its blocks)
   otherwise    pingpong 128x128x64, cluster 2x1  prefill: the epilogue of one warp group overlaps
                (128x192 where 192-wide tiles     the other's mainloop (LARGE_M, WIDE_N below)
                leave at most 1% of N empty),
@@ -496,7 +498,9 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
             raise error("E216", f"gemm '{kernel.name}' cannot run on backend={backend}: {form}",
                         getattr(kernel, "span", None), "leave backend out (epic's own kernel fuses the epilogue)")
         return KernelConfig("pingpong", (128, 128, 64), backend=backend)
-    blocks = block_sizes(kernel)
+    # a gemm whose epilogue runs in a tail kernel stores its accumulator only: no blocks to fit
+    combine = next((src["combine"] for src in (override or {}, kernel.options or {}) if "combine" in src), None)
+    blocks = () if combine == "tail" else block_sizes(kernel)
     cfg = heuristic(m, blocks, kernel, tensors, n, gpu)
     split_cluster = any(split_block(cfg, b) for b in blocks)   # the heuristic's 1x2 cluster shares blocks
     tile_fixed = False      # a tile the file or the call chose is kept (a bad combination is E216)

@@ -158,8 +158,11 @@ def _mib(b: int) -> str:
 
 def _combine_desc(k) -> str:
     if k.kind == "tail":
-        return (f"tail of {k.source} (combine=tail): {k.source}'s epilogue on its stored accumulator, the row "
-                "statistics and the row math, a CTA per row")
+        rows = any(P.family(v.op) is P.Family.REDUCE for v in k.values)
+        blocks = any(P.family(v.op) is P.Family.BLOCK for v in k.values)
+        what = " and ".join(w for w, has in (("the row statistics and the row math", rows),
+                                               ("the 1xB block statistics", blocks)) if has)
+        return f"tail of {k.source} (combine=tail): {k.source}'s epilogue on its stored accumulator, {what}, a CTA per row"
     if k.axis == "all":
         return f"combine of {k.source}'s per-row/column statistics into whole-tensor ones"
     return f"combine of {k.source}'s per-tile partials ({k.axis}s)"

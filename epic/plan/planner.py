@@ -112,7 +112,8 @@ def make_plan(program: Program, sizes: dict[str, int], overrides: dict[str, dict
     ns = {k.name: sizes_mod.evaluate(k.n, sizes) for k in gemms}
     configs = {k.name: config_mod.choose(k, rows[k.name], (overrides or {}).get(k.name), program.tensors,
                                          ns[k.name], sizes_mod.evaluate(k.k, sizes), gpu) for k in gemms}
-    configs = tail.by_heuristic(program, configs, rows, ns, overrides)
+    configs = tail.by_heuristic(program, configs, rows, ns, overrides, lambda k, override: config_mod.choose(
+        k, rows[k.name], override, program.tensors, ns[k.name], sizes_mod.evaluate(k.k, sizes), gpu))
     program = tail.rewrite(program, configs)        # gemms with combine=tail: their tail kernels
     buffers = {t.name: buffer_of(t, sizes, configs) for t in program.tensors.values()}
     for t in program.tensors.values():

@@ -119,7 +119,8 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6,
         out.append(cfg)
     out += split_k(kernel, tensors, m, n)
     if program is not None and not heuristic.vendor:
-        planned = tail.by_heuristic(program, {kernel.name: first}, {kernel.name: m}, {kernel.name: n}, None)
+        planned = tail.by_heuristic(program, {kernel.name: first}, {kernel.name: m}, {kernel.name: n}, None,
+                                    lambda k, o: config_mod.choose(k, m, o, tensors, n, depth, gpu))
         if planned[kernel.name] != first:
             out = [planned[kernel.name]] + out
     return vendor + out if heuristic.vendor else out[:1] + vendor + out[1:]

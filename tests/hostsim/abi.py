@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import re
 
+from epic.shapes import Kind
+
 from .nodes import emulation
-from .parse import CombineSource, GemmSource, PointerUse
+from .parse import CombineSource, GemmSource, PointerUse, TailSource
 
 _OPERANDS = ("A", "B", "D")
 
@@ -118,4 +120,38 @@ def combine_problems(src: CombineSource, program=None) -> list[str]:
     for i, (role, tensor) in enumerate(entries):
         if count.get(i, 0) != 1:
             problems.append(f"p{i} ({role}:{tensor}) is used {count.get(i, 0)} times, not once")
+    return problems
+
+
+def tail_problems(src: TailSource, program) -> list[str]:
+    """What is wrong with a tail source's use of its pointers (empty: nothing): each pointer read
+    or written as its epic_info role says (a tile by row m's columns, a vector or a per-head vector
+    without them, an output written, nothing else written), as its tensor's element type, and each
+    used; a written tensor is one the tail kernel stores, a read one it loads."""
+    entries = _entries(src.info)
+    problems = [f"pointer variable {v} holds P.p[{i}]" for v, i in src.pointer_vars.items() if v != f"p{i}"]
+    tail = next(k for k in program.kernels if k.name == src.info["kernel"])
+    as_use = {Kind.TILE: "tile", Kind.BLOCK: "block", Kind.COL: "vector"}
+    stored = {s.tensor: as_use.get(s.value.kind) for s in tail.stores}
+    loaded = {v.attrs["tensor"] for v in tail.values if v.attrs.get("tensor")}
+    used: set[int] = set()
+    for writes, uses in ((False, src.reads), (True, src.writes)):
+        for use in uses:
+            used.add(use.index)
+            role, tensor = entries[use.index] if use.index < len(entries) else ("<none>", "")
+            what = f"the kernel {'writes' if writes else 'reads'} p{use.index} as {use.use}"
+            if writes and (role != "out" or tensor not in stored):
+                problems.append(f"{what}, but epic_info says it is {role}:{tensor}, not a tensor the tail stores")
+            elif writes and stored[tensor] != use.use:
+                problems.append(f"{what}, but the tail stores '{tensor}' as a {stored[tensor]}")
+            elif not writes and (role not in ("tile", "row", "col", "scalar") or tensor not in loaded):
+                problems.append(f"{what}, but epic_info says it is {role}:{tensor}, not a tensor the tail loads")
+            elif not writes and (use.use == "tile") != (role == "tile"):
+                problems.append(f"{what}, but epic_info says it is {role}:{tensor}")
+            elif tensor in program.tensors and program.tensors[tensor].dtype.cuda not in (use.element, None) \
+                    and not (role == "scalar" and use.element == "float"):
+                problems.append(f"{what} of {use.element}, but '{tensor}' is {program.tensors[tensor].dtype}")
+    for i, (role, tensor) in enumerate(entries):
+        if i not in used:
+            problems.append(f"p{i} ({role}:{tensor}) is never used")
     return problems

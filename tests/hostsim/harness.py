@@ -35,7 +35,7 @@ from epic.runtime import binding, derived, vendor_gemm
 from .. import gpu_cases
 from . import abi, compiler
 from .compare import mismatch, unwritten
-from .parse import kind, parse_combine, parse_gemm
+from .parse import kind, parse_combine, parse_gemm, parse_tail
 
 SECOND_FILL = 0x00   # the second run's buffers start as zero bytes (the first run's are poisoned)
 
@@ -86,8 +86,10 @@ def prepare(path: str, sizes: dict, config_m: int, options: dict | None = None) 
     for M = config_m (and each gemm's N at `sizes`), changed by `options` (KernelConfig fields, e.g.
     aux_load="direct"). Raises EpicError E702 when code generation does not support the program."""
     prog = compiled(path)
-    configs = {name: replace(c, **_options_for(prog.program, name, options))
-               for name, c in emit.kernel_configs(prog.program, config_m, None, sizes).items()}
+    # the options as the call's overrides: the plan chooses around them (combine=tail, say, leaves out
+    # the 1x2 cluster a block statistic takes in the gemm's epilogue)
+    changes = {k.name: _options_for(prog.program, k.name, options) for k in prog.program.kernels if k.kind == "gemm"}
+    configs = emit.kernel_configs(prog.program, config_m, {n: o for n, o in changes.items() if o} or None, sizes)
     plan = planner.make_plan(prog.program, sizes, overrides(configs))
     assert plan.configs == configs, (plan.configs, configs)
     # A tile finished in place (plan.aliases) gets its own buffer here: the host runs a warp again
@@ -144,7 +146,8 @@ def abi_problems(case: Case) -> list[str]:
             if src.tile != tuple(planned):
                 found.append(f"built with TileShape {src.tile}, but the plan lays out its buffers for {planned}")
         elif kind(source) == "tail":
-            continue        # its pointers: one per tensor, by name (codegen/tail.py); the results check their use
+            src = parse_tail(source)
+            found = abi.tail_problems(src, case.program)
         else:
             src = parse_combine(source)
             found = abi.combine_problems(src, case.program)

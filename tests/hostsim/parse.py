@@ -325,5 +325,34 @@ def parse_combine(text: str) -> CombineSource:
     return CombineSource(text, info, {"m": "row", "n": "col", "0": "all"}[var], pointer_vars, distinct)
 
 
+@dataclass
+class TailSource:
+    text: str
+    info: dict
+    pointer_vars: dict[str, int]   # pN -> P.p[index]
+    reads: list[PointerUse]        # use: "tile" (row m's columns), "vector" (columns, or a column vector's m)
+    writes: list[PointerUse]       # use: "tile", "block" (a 1xB block's value of row m), "vector" (column m)
+
+
+def parse_tail(text: str) -> TailSource:
+    """A tail kernel's pointer uses (codegen/tail.py): every cast of a launch pointer, read-only or
+    written, with its element type and whether it is indexed by row m's columns (a tile), by block
+    (a 1xB block value), or neither (a row or column vector, a per-head vector)."""
+    info = epic_info(text)
+    if info.get("kind") != "tail":
+        raise SourceFormatError(f"not a tail source (epic_info kind {info.get('kind')!r})")
+    body = strip_comments(braced_after(text, r"\btail_kernel\(const Params P\)\s*\{", "the tail kernel"))
+    pointer_vars = {v: int(i) for v, i in re.findall(r"void\* (p\d+) = P\.p\[(\d+)\];", body)}
+    reads, writes = [], []
+    for const, el, v, after in re.findall(r"static_cast<(const )?([\w:]+)\*>\((p\d+)\)(.{0,40})", body):
+        if v not in pointer_vars:
+            raise SourceFormatError(f"pointer variable {v} is not one of P.p[...]")
+        at = "tile" if re.match(r"\s*(\+ \(?|\[)\(long long\)m \* W", after) else \
+            "block" if re.match(r"\[\(long long\)m \* \(\(W \+", after) else "vector"
+        (reads if const else writes).append(PointerUse(pointer_vars[v], at, el, at))
+    distinct = lambda uses: list({(u.index, u.use, u.element): u for u in uses}.values())   # noqa: E731
+    return TailSource(text, info, pointer_vars, distinct(reads), distinct(writes))
+
+
 def kind(text: str) -> str:
     return epic_info(text)["kind"]
