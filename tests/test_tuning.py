@@ -43,6 +43,23 @@ def test_candidates_are_legal_distinct_and_start_with_the_heuristic(path, sizes)
         assert plan.configs[k.name] == cfg
 
 
+@pytest.mark.parametrize("path,sizes,tail_at", [
+    (str(ROOT / "samples" / "fp8_block_quant.epi"), dict(M=64, D=4096, N=4096), 0),     # the heuristic's tail
+    (str(ROOT / "samples" / "fp8_block_quant.epi"), dict(M=16, D=4096, N=4096), -1),    # below 64 rows: timed too
+    (str(ROOT / "samples" / "cross_entropy.epi"), dict(M=64, D=4096, V=128256), -1),     # stores no tile
+    (str(ROOT / "samples" / "bias_gelu.epi"), dict(M=64, K=4096, N=4096), None),         # no statistic
+])
+def test_the_tuner_times_the_decode_tail_wherever_a_gemm_can_take_it(path, sizes, tail_at):
+    prog, k = gemm(path)
+    m, n = sizes["M"], planner.sizes_mod.evaluate(k.n, sizes)
+    found = space.candidates(k, prog.program.tensors, m, n, limit=6, depth=planner.sizes_mod.evaluate(k.k, sizes),
+                             program=prog.program)
+    tails = [i for i, c in enumerate(found) if c.combine == "tail"]
+    assert tails == ([] if tail_at is None else [tail_at % len(found)])
+    for cfg in found:
+        assert planner.make_plan(prog.program, sizes, {k.name: space.override(cfg)}).configs[k.name] == cfg
+
+
 def test_an_override_recreates_a_serpentine_configuration():
     """A tuning entry of a kernel with tile_order=serpentine plans that kernel again, not the linear one."""
     prog, k = gemm(str(ROOT / "samples" / "bias_gelu.epi"))
@@ -342,7 +359,7 @@ def test_later_candidates_are_timed_against_the_first_and_the_unfused_forms_agai
     monkeypatch.setenv("EPIC_NO_TUNING", "1")
     sizes = dict(M=8192, D=4096)
     ran, paired, requests = [], [], []
-    times = iter([2.0, 1.5, 3.0, 2.5, 2.2, 2.4, 2.6, 2.8, 2.9, 3.1, 3.2, 3.3])
+    times = iter([2.0, 1.5, 3.0, 2.5, 2.2, 2.4, 2.6, 2.8, 2.9, 3.1, 3.2, 3.3, 3.4, 3.5])
     monkeypatch.setattr(compiled_mod.CompiledProgram, "__call__", lambda self, **kw: ran.append(self.config))
     monkeypatch.setattr(measure, "median_ms", lambda fn, reps, give_up_ms=None: fn() or next(times))
 
@@ -674,7 +691,7 @@ def test_the_sustained_tune_times_every_candidate_alone_and_records_it(db, monke
     from epic.tuning import measure, report
     monkeypatch.setenv("EPIC_NO_TUNING", "1")
     sizes = dict(M=8192, D=4096)
-    times = iter([2.0, 1.5, 3.0, 2.5, 2.2, 2.4, 2.6, 2.8, 2.9, 3.1, 3.2, 3.3])
+    times = iter([2.0, 1.5, 3.0, 2.5, 2.2, 2.4, 2.6, 2.8, 2.9, 3.1, 3.2, 3.3, 3.4, 3.5])
     sustained, requests = [], []
     monkeypatch.setattr(compiled_mod.CompiledProgram, "__call__", lambda self, **kw: None)
     monkeypatch.setattr(measure, "paired_ms", lambda *a, **k: pytest.fail("paired timing in a sustained tune"))
@@ -712,7 +729,7 @@ def test_the_heuristics_configuration_stays_unless_a_candidate_is_a_margin_faste
     from epic.tuning import measure
     monkeypatch.setenv("EPIC_NO_TUNING", "1")
     sizes = dict(M=8192, D=4096)
-    times = iter([2.0, second] + [3.0] * 10)
+    times = iter([2.0, second] + [3.0] * 12)
     monkeypatch.setattr(measure, "median_ms", lambda fn, reps=20, give_up_ms=None: next(times))
     monkeypatch.setattr(measure, "paired_ms", lambda fn, ref, reference_ms, reps=20, give_up_ms=None: next(times))
     monkeypatch.setattr(tuner, "device_inputs", lambda program, sizes, seed=0: {})

@@ -72,7 +72,8 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6,
     heuristic), the heuristic's tile with wider epilogue subtiles, and split-K where the tiles leave
     most SMs idle; and the heuristic's tile at the other K depth. gpu: the key of the GPU whose
     heuristic comes first (plan/gpus.py). program (the kernel's): where the plan's heuristic takes
-    combine=tail (plan/tail.py), that configuration comes first, the rest with the combine kernel."""
+    combine=tail (plan/tail.py), that configuration comes first, the rest with the combine kernel;
+    where it does not but the gemm can take the tail, the tail's configuration comes last."""
     heuristic = config_mod.choose(kernel, m, None, tensors, n, depth, gpu)
     # epic's kernels around the heuristic's CUTLASS configuration, and the vendor's gemm where it can
     # run this gemm (first where the heuristic chose it)
@@ -123,6 +124,12 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6,
                                     lambda k, o: config_mod.choose(k, m, o, tensors, n, depth, gpu))
         if planned[kernel.name] != first:
             out = [planned[kernel.name]] + out
+        elif tail.refusal(program, kernel) is None and not first.split_k:
+            # the tail where the heuristic does not take it (block statistics below 64 rows, N over
+            # 8192, a gemm that stores no tile): timed, not assumed
+            cfg = config_mod.choose(kernel, m, {"combine": "tail"}, tensors, n, depth, gpu)
+            if all(c != cfg for c in out):
+                out.append(cfg)
     return vendor + out if heuristic.vendor else out[:1] + vendor + out[1:]
 
 
