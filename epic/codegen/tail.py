@@ -11,9 +11,9 @@ Its values fall in four groups, computed in this order by every thread of the ro
           rows): the values it needs, recomputed from the tiles read again.
 In the loop a value is VEC variables, one per column (ColumnWriter): half as many after even/odd, one
 for a value constant along them (a scalar, a column vector, a 1xB block's value). A 1xB block reduction
-merges its thread's columns, then the B / VEC lanes of its block in a butterfly. The loop runs the same
-steps on every thread (columns past the row's end read as 0 and are neither reduced nor stored), so
-every lane of a warp takes part in each shuffle.
+merges its thread's columns, then the B / VEC lanes of its block in a butterfly under the block's lane
+mask. A thread stops at its first step past the row's end; with blocks, at its block's first lane's, so
+that a block's lanes shuffle together (its lanes past the end read 0 and neither reduce nor store).
 ABI: the combine kernels' (epic_launch(ptrs, sizes=[M, N, tile M, tile N], scalars, stream, ...)).
 """
 from __future__ import annotations
