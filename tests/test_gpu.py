@@ -554,6 +554,18 @@ def _poison(x: torch.Tensor) -> None:
     torch.cuda.synchronize()
 
 
+def _same_bytes_in_a_graph(want: dict, how: str, before, call, x: torch.Tensor) -> None:
+    """before() and call() captured in one CUDA graph, replayed after x is poisoned: call's outputs
+    have the bytes in `want` (how: what before() does)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        before()
+        out = call()
+    _poison(x)
+    graph.replay()
+    _same_bytes(want, f"after {how} in a CUDA graph", out)
+
+
 @pytest.mark.parametrize("name,sizes", DEPENDENT_FIRST_CASES, ids=[n for n, _ in DEPENDENT_FIRST_CASES])
 def test_a_decode_call_waits_for_what_the_caller_ran_before_it(name, sizes, monkeypatch):
     """By default (EPIC_DEPENDENT_FIRST unset) a one-gemm program's gemm of at most 64 rows is launched
@@ -593,13 +605,7 @@ def test_a_decode_call_waits_for_what_the_caller_ran_before_it(name, sizes, monk
     torch.cuda.current_stream().wait_stream(other)
     _same_bytes(want, "after another stream's kernel", prog(**inputs))
     for how, before in (("a kernel", lambda: write(x)), ("a copy", lambda: x.copy_(source))):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            before()
-            out = prog(**inputs)
-        _poison(x)
-        graph.replay()
-        _same_bytes(want, f"after {how} in a CUDA graph", out)
+        _same_bytes_in_a_graph(want, how, before, lambda: prog(**inputs), x)
 
 
 @pytest.mark.parametrize("tensor", ["z", "gamma"])
@@ -627,13 +633,7 @@ def test_a_tail_reads_inputs_written_just_before_the_call(tensor, monkeypatch):
         _poison(x)
         write()
         _same_bytes(want, "after a kernel", prog(**inputs))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        write()
-        out = prog(**inputs)
-    _poison(x)
-    graph.replay()
-    _same_bytes(want, "after a kernel in a CUDA graph", out)
+    _same_bytes_in_a_graph(want, "a kernel", write, lambda: prog(**inputs), x)
 
 
 def test_inside_torch_compile():
