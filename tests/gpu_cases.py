@@ -130,6 +130,18 @@ LOAD_HINT_CASES = [("samples/residual_rmsnorm.epi", (8191, 392, 200), {}),
                    ("samples/swiglu.epi", (8191, 392, 200), {"tile_order": "serpentine"}),
                    ("samples/prenorm_mlp.epi", (77, 392, 200), {})]
 
+# a_rows (the mainloop's loads of A read 8, 16 or 32 rows): the plan's choice below 33 rows, with the tail
+# (a row statistic) and in the gemm's epilogue (1xB blocks, on a 1x2 cluster), 64- and 128-wide tiles, a
+# chain, cross entropy's partials, and a program whose dW gemm has an M-major A (which keeps the tile's rows)
+SHORT_A_CASES = [("samples/residual_rmsnorm.epi", (7, 392, 200), {}),
+                 ("samples/qk_norm_rope.epi", (13, 512, 200), {}),
+                 ("samples/fp8_block_quant.epi", (30, 512, 200), {}),
+                 ("samples/bias_gelu.epi", (20, 392, 200), {}),
+                 ("samples/swiglu.epi", (5, 392, 200), {"tile": (64, 128, 128)}),
+                 ("samples/prenorm_mlp.epi", (9, 392, 200), {}),
+                 ("samples/cross_entropy.epi", (8, 392, 200), {}),
+                 ("tests/programs/backward_layouts.epi", (3, 392, 200), {})]
+
 # Sizes GPU tests use besides SIZES, as (program, sizes): tests/prebuild.py builds their kernels too
 XENT_SIZES = [(64, 128256), (333, 50304), (8, 1000)]      # (M, V) of test_cross_entropy_without_logits, D = 256
 XENT_D = 256

@@ -19,7 +19,7 @@ from epic.codegen import emit
 from epic.runtime import build
 
 from .gpu_cases import (CLUSTER_1X2_CASE, DYNAMIC_CASES, H100_TILE, H100_TILE_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES,
-                        PROGRAMS, SERPENTINE_CASES, SIZES, SPLIT_CASES, TAIL_SIZES, cluster_1x2_config, fold_config, folds,
+                        PROGRAMS, SERPENTINE_CASES, SHORT_A_CASES, SIZES, SPLIT_CASES, TAIL_SIZES, cluster_1x2_config, fold_config, folds,
                         gemm_options, groups_rows, own_size_cases, path, split_k_config, tail_config)
 
 # the benchmark's identity epilogue, at its square shape (bench/prebuild.py builds the rest)
@@ -66,6 +66,8 @@ def all_units(only: list[str], training: bool) -> list:
          for name, size, extra in LOAD_HINT_CASES] + \
         [(name, table[name](*size), ("options", {"load_hint": "evict_normal", **extra}))
          for name, size, extra in LOAD_HINT_CASES] + \
+        [(name, table[name](*size), ("options", extra)) for name, size, extra in SHORT_A_CASES if extra] + \
+        [(name, table[name](*size), ("options", {**extra, "a_rows": 0})) for name, size, extra in SHORT_A_CASES] + \
         [(name, sizes, None) for name, sizes in own_size_cases()]        # tests with sizes of their own
     programs = {}
     for name, sizes, variant in cases:

@@ -14,6 +14,7 @@ def test_bench_configuration_spelling_of_the_trace_the_tile_order_the_load_hint_
     assert bench.parse_config("serp_nohint") == {"tile_order": "serpentine", "load_hint": "none"}
     assert bench.parse_config("tail") == {"combine": "tail"} and bench.parse_config("fold") == {"combine": "fold"}
     assert bench.parse_config("kernel") == {"combine": "kernel"}      # the combine kernel where decode takes the tail
+    assert bench.parse_config("a0") == {"a_rows": 0} and bench.parse_config("tail_a16") == {"combine": "tail", "a_rows": 16}
     assert bench.parse_config("ping_128x192x64_c2x1_tiles") == {"schedule": "pingpong", "tile": (128, 192, 64),
                                                               "cluster": (2, 1), "trace": "tiles"}
 

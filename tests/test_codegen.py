@@ -488,6 +488,14 @@ def test_nvcc_builds_a_kernel_whose_loads_carry_no_cache_policy(tmp_path, monkey
     assert lib.info["kernel"] == spec.name and lib.info["config"] == "ping_128x192x64_c2x1_nohint"
 
 
+@pytest.mark.nvcc
+def test_nvcc_builds_a_kernel_that_loads_a_short_a_box(tmp_path, monkeypatch):
+    """a_rows=8's producer (epic_nodes/short_a_mainloop.hpp: its own TMA descriptor of an 8-row box of A,
+    B as CUTLASS loads it) compiles with the pingpong kernel and loads with the default kernel's C ABI."""
+    spec, lib = _build_plain(tmp_path, monkeypatch, {"a_rows": 8}, dict(M=1, K=4096, N=4096))
+    assert lib.info["kernel"] == spec.name and lib.info["config"] == "ping_64x64x64_c1x1_a8"
+
+
 def _build_plain(tmp_path, monkeypatch, options: dict, sizes: dict):
     """The identity-epilogue gemm (bench/programs/plain.epi) with these kernel options, built by nvcc
     into a fresh cache and loaded: (its spec, its library). Skips where nvcc is missing."""

@@ -28,7 +28,7 @@ from epic.plan import gpus
 
 from .gpu_cases import (CLUSTER_1X2_CASE, DEPENDENT_FIRST_CASES, DETERMINISM_CASES, DYNAMIC_CASES, H100_TILE,
                         H100_TILE_CASES, HF_BLOCK_CASE, MEMCHECK_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS,
-                        QUANT_SIZES, SERPENTINE_CASES, SIZES, SPLIT_CASES, TAIL_SIZES,
+                        QUANT_SIZES, SERPENTINE_CASES, SHORT_A_CASES, SIZES, SPLIT_CASES, TAIL_SIZES,
                         TORCH_COMPILE_CASE, XENT_D, XENT_SIZES, cluster_1x2_config, fold_config, folds, gemm_options,
                         groups_rows, make_inputs, path, split_k_config, tail_config, to_device)
 
@@ -264,6 +264,16 @@ def test_loads_without_a_cache_policy_match_reference_and_the_default_bit_for_bi
     """load_hint=none changes only the L2 policy the mainloop's TMA loads carry: within the reference's
     tolerance, and the same bytes as the kernels with CUTLASS's policy."""
     _check_same_bytes(name, size, {"load_hint": "none", **extra}, {"load_hint": "evict_normal"})
+
+
+@pytest.mark.parametrize("name, size, extra", SHORT_A_CASES, ids=_ids(SHORT_A_CASES))
+def test_a_short_box_of_a_matches_reference_and_the_tiles_rows_bit_for_bit(name, size, extra):
+    """The plan's a_rows below 33 rows (the mainloop reads 8, 16 or 32 rows of A, the tile's other rows
+    left as shared memory held them): within the reference's tolerance, and the same bytes as the
+    kernels that read the tile's rows (a_rows=0)."""
+    prog = epic.compile(path(name), config=gemm_options(compiled(name).program, extra) if extra else None)
+    assert any(c.a_rows for c in prog.plan(PROGRAMS[name](*size)).configs.values())
+    _check_same_bytes(name, size, extra, {**extra, "a_rows": 0})
 
 
 def _check_same_bytes(name, size, options: dict, baseline: dict):

@@ -359,7 +359,7 @@ def test_render_line_by_line():
     plan = planner.make_plan(a.program, dict(M=4, K=8, N=16))
     lines = ledger.render(plan, a.source_program).splitlines()
     assert lines[:7] == ["plan for t.epi at M=4, K=8, N=16, for an H200 or any other GPU", "", "kernels (in launch order):",
-                         "  1. g: gemm x @ w  [pingpong 64x64x64 cluster 1x1]",
+                         "  1. g: gemm x @ w  [pingpong 64x64x64 cluster 1x1 a_rows=8]",
                          "       launched as a programmatic dependent of the caller's last kernel on the stream; "
                          "asks L2 for its first tile's w while it waits",
                          "       1 tile: one round on 1 of 132 SMs", "       writes y"]

@@ -89,12 +89,16 @@ class KernelSpec:
     def mainloop(self) -> str:
         """The mainloop collective: CUTLASS's (BuiltMainloop) as the split-K kernel takes it, else wrapped,
         innermost first, in the L2 prefetch of a programmatic dependent (l2_prefetch_mainloop.hpp), the
-        producer without a cache policy where load_hint=none (unhinted_loads_mainloop.hpp) and the
+        producer without a cache policy where load_hint=none (unhinted_loads_mainloop.hpp) or the one of a
+        short A box where a_rows is set (short_a_mainloop.hpp, with or without the policy) and the
         recorder of trace=tiles (tile_trace.hpp)."""
         if self.config.split_k:
             return "BuiltMainloop"
         out = f"epic_mainloop::L2PrefetchMainloop<BuiltMainloop, {self.config.tile[1]}, {self.config.tile[2]}>"
-        if self.config.load_hint == "none":
+        if self.config.a_rows:
+            hinted = "true" if self.config.load_hint == "evict_normal" else "false"
+            out = f"epic_mainloop::ShortA<{out}, {self.config.a_rows}, {hinted}>"
+        elif self.config.load_hint == "none":
             out = f"epic_mainloop::UnhintedLoads<{out}>"
         if self.config.trace == "tiles":
             out = f"epic_trace::TracedMainloop<{out}>"
@@ -110,7 +114,8 @@ class KernelSpec:
                 + (["epic_nodes/tile_trace.hpp"] if self.config.trace == "tiles" else [])
                 + (["epic_nodes/serpentine_tile_scheduler.hpp"] if self.config.tile_order == "serpentine" else [])
                 + (["epic_nodes/dynamic_tile_scheduler.hpp"] if self.config.tile_order == "dynamic" else [])
-                + (["epic_nodes/unhinted_loads_mainloop.hpp"] if self.config.load_hint == "none" else []))
+                + (["epic_nodes/short_a_mainloop.hpp"] if self.config.a_rows else
+                   ["epic_nodes/unhinted_loads_mainloop.hpp"] if self.config.load_hint == "none" else []))
 
 
 class Builder:

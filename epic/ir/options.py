@@ -32,6 +32,11 @@ TILE_ORDERS = ("linear", "serpentine", "dynamic")
 # (QuACK's sm90 loads: SASS `desc[URZ]`; templates/nodes/epic_nodes/unhinted_loads_mainloop.hpp).
 # Built into the kernel.
 LOAD_HINTS = ("evict_normal", "none")
+# the rows of A each of the mainloop's TMA loads reads, where a call has fewer rows than the tile (decode):
+# a box of 8, 16 or 32 rows into the top of the tile instead of the tile's M rows, most of them past M
+# (templates/nodes/epic_nodes/short_a_mainloop.hpp); 0: the tile's M rows, as CUTLASS's mainloop. Built
+# into the kernel, which then takes at most that many rows. The plan's choice for calls of at most 32 rows.
+A_ROWS = (0, 8, 16, 32)
 TILE_M = (64, 128, 256)
 TILE_N = (64, 128, 192, 256)
 TILE_K = (64, 128)
@@ -43,8 +48,8 @@ SIZE_OPTIONS = {"tile": ((2, 3), "128x128x64"), "cluster": ((2,), "2x1"), "epi_t
 CHOICE_OPTIONS = {"backend": BACKENDS, "schedule": SCHEDULES, "aux_load": AUX_LOADS, "raster": RASTERS, "combine": COMBINES,
                   "swizzle": tuple(str(s) for s in SWIZZLES), "splits": tuple(str(s) for s in SPLITS),
                   "trace": TRACES, "tile_order": TILE_ORDERS,
-                  "load_hint": LOAD_HINTS}
-INT_OPTIONS = ("swizzle", "splits")
+                  "load_hint": LOAD_HINTS, "a_rows": tuple(str(r) for r in A_ROWS)}
+INT_OPTIONS = ("swizzle", "splits", "a_rows")
 # options that change what the program computes, not how fast: the file says them, a call cannot
 # (b_major: the memory order of a B operand declared inline: K-major, the default, or N-major)
 SEMANTIC_OPTIONS = {"accumulate": ("f32", "f16"), "b_major": ("k", "n")}
@@ -76,10 +81,23 @@ def value_problem(key: str, value) -> str | None:
 
 def combination_problems(schedule: str, tile: tuple[int, int, int], epi_tile: tuple[int, int] | None,
                          splits: int = 1, combine: str = "kernel", trace: str = "off",
-                         tile_order: str = "linear", load_hint: str = "evict_normal") -> list[str]:
-    """What CUTLASS's sm90 schedules refuse in a complete configuration."""
+                         tile_order: str = "linear", load_hint: str = "evict_normal", a_rows: int = 0,
+                         cluster=(1, 1)) -> list[str]:
+    """What CUTLASS's sm90 schedules refuse in a complete configuration (and what epic's own mainloops
+    were not checked with)."""
     m, n, _ = tile
     out = []
+    if a_rows not in A_ROWS:
+        out.append("a_rows must be " + _or(A_ROWS))
+    elif a_rows and (schedule != "pingpong" or m != 64):
+        out.append(f"a_rows={a_rows} runs on the pingpong schedule's 64-row tiles (the form checked on a GPU), "
+                   f"not on {schedule} {m}-row tiles")
+    if a_rows and tuple(cluster)[0] != 1:
+        out.append(f"a_rows={a_rows} runs with clusters 1x1 and 1x2 (a 2x1 cluster's second CTA would lie past "
+                   "the call's rows)")
+    if a_rows and splits > 1:
+        out.append(f"a_rows={a_rows} changes the persistent kernels' mainloop; the split-K kernel "
+                   f"(splits={splits}) keeps CUTLASS's")
     if trace != "off" and splits > 1:
         out.append(f"trace={trace} times the persistent kernels' tiles; the split-K kernel (splits={splits}) is "
                    "not traced")

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..diagnostics import error
+from ..ir import operands
 from ..ir import options as vocab
 from ..ir import primitives as P
 from ..shapes import Kind
@@ -75,6 +76,9 @@ class KernelConfig:
     # the L2 policy of the mainloop's TMA loads: "evict_normal" (CUTLASS's) or "none" (no policy operand;
     # templates/nodes/epic_nodes/unhinted_loads_mainloop.hpp)
     load_hint: str = "evict_normal"
+    # the rows of A each mainloop load reads (8, 16, 32; 0: the tile's M): a kernel for calls of at most
+    # that many rows (templates/nodes/epic_nodes/short_a_mainloop.hpp)
+    a_rows: int = 0
 
     @property
     def vendor(self) -> bool:
@@ -104,7 +108,8 @@ class KernelConfig:
                 + (f" combine={self.combine}" if self.combine != "kernel" else "")
                 + (f" trace={self.trace}" if self.trace != "off" else "")
                 + (f" tile_order={self.tile_order}" if self.tile_order != "linear" else "")
-                + (f" load_hint={self.load_hint}" if self.load_hint != "evict_normal" else ""))
+                + (f" load_hint={self.load_hint}" if self.load_hint != "evict_normal" else "")
+                + (f" a_rows={self.a_rows}" if self.a_rows else ""))
 
     def key(self) -> str:
         """Names the built kernel: only what changes the code (not swizzle/raster/the split count)."""
@@ -118,7 +123,8 @@ class KernelConfig:
                 + (f"_{self.trace}" if self.trace != "off" else "")
                 + ("_serp" if self.tile_order == "serpentine" else "")
                 + ("_dyn" if self.tile_order == "dynamic" else "")
-                + ("_nohint" if self.load_hint == "none" else ""))
+                + ("_nohint" if self.load_hint == "none" else "")
+                + (f"_a{self.a_rows}" if self.a_rows else ""))
 
     @property
     def split_k(self) -> bool:
@@ -146,7 +152,7 @@ def problems(cfg: KernelConfig) -> list[str]:
     if cfg.load_hint not in vocab.LOAD_HINTS:
         out.append(f"load_hint must be one of {', '.join(vocab.LOAD_HINTS)}")
     return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits, cfg.combine,
-                                            cfg.trace, cfg.tile_order, cfg.load_hint)
+                                            cfg.trace, cfg.tile_order, cfg.load_hint, cfg.a_rows, cfg.cluster)
 
 
 def _backend(kernel, override: dict | None) -> str | None:
@@ -482,6 +488,22 @@ def fitting_order(cfg: KernelConfig, m: int, n: int, raster_fixed: bool = False)
     return 1, cfg.raster
 
 
+# Decode: a call with at most SHORT_A rows loads a box of A of the fewest rows of vocab.A_ROWS that hold
+# them, not the tile's 64 (templates/nodes/epic_nodes/short_a_mainloop.hpp). The plain gemm with 64-row
+# boxes took 22.7 us at M = 1 against 18.5 us at M = 64 (docs/PERFORMANCE.md, "Below 33 rows"); with the
+# box it reads 0.920 of cuBLAS at M = 1 against 1.112 (H100, bench/results/2026-12-07-h100-short-a.log).
+# Only the pingpong schedule's 64-row tiles, clusters 1x1 and 1x2: the forms checked on a GPU.
+SHORT_A = 32
+
+
+def short_a_rows(cfg: KernelConfig, m: int) -> int:
+    """The heuristic's a_rows for a call of m rows on cfg (0: the tile's rows)."""
+    if cfg.split_k or cfg.vendor or not 0 < m <= SHORT_A or cfg.schedule != "pingpong" or cfg.tile_m != 64 \
+            or cfg.cluster[0] != 1:
+        return 0
+    return next((r for r in vocab.A_ROWS if r and m <= r < cfg.tile_m), 0)
+
+
 def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None = None,
            depth: int | None = None, gpu: str | None = None) -> KernelConfig:
     """The configuration of one gemm: call-time override > options in the file > heuristic (the
@@ -529,16 +551,28 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
                                int(source.get("swizzle", cfg.swizzle)), source.get("raster", cfg.raster), splits,
                                source.get("combine", cfg.combine), trace=source.get("trace", cfg.trace),
                                tile_order=source.get("tile_order", cfg.tile_order),
-                               load_hint=source.get("load_hint", cfg.load_hint))
+                               load_hint=source.get("load_hint", cfg.load_hint),
+                               a_rows=int(source.get("a_rows", cfg.a_rows)))
     if split_cluster and not cluster_fixed and not any(split_block(cfg, b) for b in blocks):
         cfg = replace(cfg, cluster=(1, 1))     # an override made the tile (or split-K) leave the blocks whole
     if not tile_fixed:
         cfg = _with_blocks(cfg, blocks)        # ... or made the tile narrower than a block: widen it
     cfg = _block_epilogue(cfg, blocks)
+    a_k_major = operands.kernel_majors(kernel, tensors)[0] == "k"
+    if not any("a_rows" in (src or {}) for src in (kernel.options, override)):
+        cfg = replace(cfg, a_rows=short_a_rows(cfg, m) if a_k_major else 0)
+    elif cfg.a_rows and not a_k_major:
+        raise error("E216", f"gemm '{kernel.name}': a_rows={cfg.a_rows} loads the first rows of a K-major A "
+                    "([M, K] row-major); this gemm's A is M-major", getattr(kernel, "span", None),
+                    "leave a_rows out")
     if not swizzle_fixed and n is not None and m > 0 and n > 0:
         swizzle, raster = fitting_order(cfg, m, n, raster_fixed)
         cfg = replace(cfg, swizzle=swizzle, raster=raster)
     cfg = validate(cfg, f"gemm '{kernel.name}'", getattr(kernel, "span", None))
+    if cfg.a_rows and m > cfg.a_rows:
+        raise error("E216", f"gemm '{kernel.name}' ({cfg}): a_rows={cfg.a_rows} reads {cfg.a_rows} rows of A per "
+                    f"tile, and this call has {m} rows", getattr(kernel, "span", None),
+                    f"leave a_rows out (the plan chooses it for calls of at most 32 rows), or give a_rows at least {m}")
     if not fits(kernel, tensors, cfg):
         epi, stage = smem_estimate(kernel, tensors, cfg)
         raise error("E217", f"gemm '{kernel.name}' ({cfg}): its epilogue needs about {epi // 1024} KiB of shared "

@@ -60,6 +60,7 @@ def override(cfg: config_mod.KernelConfig) -> dict:
         out["tile_order"] = cfg.tile_order
     if cfg.load_hint != "evict_normal":
         out["load_hint"] = cfg.load_hint
+    out["a_rows"] = cfg.a_rows          # always: the plan's heuristic takes a box for few rows
     return out
 
 

@@ -48,7 +48,8 @@ def compiled(path: str):
 def overrides(configs: dict) -> dict[str, dict]:
     """Per-gemm overrides that make the plan use exactly these configurations."""
     return {name: {"backend": c.backend} if c.vendor else dict(tile=c.tile, schedule=c.schedule, cluster=c.cluster, aux_load=c.aux_load,
-                       epi_tile=c.epi_tile, swizzle=c.swizzle, raster=c.raster, combine=c.combine)
+                       epi_tile=c.epi_tile, swizzle=c.swizzle, raster=c.raster, combine=c.combine,
+                       a_rows=c.a_rows)
             for name, c in configs.items()}
 
 
