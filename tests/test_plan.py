@@ -358,11 +358,12 @@ def test_render_line_by_line():
     a = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  in bias: bf16[N]\n  out y: bf16 = acc + bias\n}\n")
     plan = planner.make_plan(a.program, dict(M=4, K=8, N=16))
     lines = ledger.render(plan, a.source_program).splitlines()
-    assert lines[:7] == ["plan for t.epi at M=4, K=8, N=16, for an H200 or any other GPU", "", "kernels (in launch order):",
+    assert lines[:8] == ["plan for t.epi at M=4, K=8, N=16, for an H200 or any other GPU", "", "kernels (in launch order):",
                          "  1. g: gemm x @ w  [pingpong 64x64x64 cluster 1x1 a_rows=8]",
                          "       launched as a programmatic dependent of the caller's last kernel on the stream; "
                          "asks L2 for its first tile's w while it waits",
-                         "       1 tile: one round on 1 of 132 SMs", "       writes y"]
+                         "       1 tile: one round on 1 of 132 SMs",
+                         "       loads 8 of each tile's 64 rows of x (a_rows=8: calls of at most 8 rows)", "       writes y"]
     buf = lines.index("buffers:")
     assert lines[buf + 1].split() == ["x", "input", "bfloat16[4,", "8]", "64", "B", "written", "by", "caller;",
                                       "read", "by", "g"]
