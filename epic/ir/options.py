@@ -89,12 +89,8 @@ def combination_problems(schedule: str, tile: tuple[int, int, int], epi_tile: tu
     out = []
     if a_rows not in A_ROWS:
         out.append("a_rows must be " + _or(A_ROWS))
-    elif a_rows and (schedule != "pingpong" or m != 64):
-        out.append(f"a_rows={a_rows} runs on the pingpong schedule's 64-row tiles (the form checked on a GPU), "
-                   f"not on {schedule} {m}-row tiles")
-    if a_rows and tuple(cluster)[0] != 1:
-        out.append(f"a_rows={a_rows} runs with clusters 1x1 and 1x2 (a 2x1 cluster's second CTA would lie past "
-                   "the call's rows)")
+    elif a_rows:
+        out += short_a_problems(a_rows, schedule, m, cluster)
     if a_rows and splits > 1:
         out.append(f"a_rows={a_rows} changes the persistent kernels' mainloop; the split-K kernel "
                    f"(splits={splits}) keeps CUTLASS's")
@@ -122,6 +118,19 @@ def combination_problems(schedule: str, tile: tuple[int, int, int], epi_tile: tu
         if m % em or n % en or em % (128 if schedule == "cooperative" else 64):
             out.append(f"the epilogue tile {em}x{en} must divide the CTA tile {m}x{n}, with M a multiple of "
                        f"{128 if schedule == 'cooperative' else 64} for the {schedule} schedule")
+    return out
+
+
+def short_a_problems(a_rows: int, schedule: str, tile_m: int, cluster) -> list[str]:
+    """Why a short box of A (a_rows) does not run on this schedule, tile M and cluster: it runs on the
+    forms checked on a GPU, the pingpong schedule's 64-row tiles with clusters 1x1 and 1x2."""
+    out = []
+    if schedule != "pingpong" or tile_m != 64:
+        out.append(f"a_rows={a_rows} runs on the pingpong schedule's 64-row tiles (the form checked on a GPU), "
+                   f"not on {schedule} {tile_m}-row tiles")
+    if tuple(cluster)[0] != 1:
+        out.append(f"a_rows={a_rows} runs with clusters 1x1 and 1x2 (a 2x1 cluster's second CTA would lie past "
+                   "the call's rows)")
     return out
 
 

@@ -498,10 +498,10 @@ SHORT_A = 32
 
 def short_a_rows(cfg: KernelConfig, m: int) -> int:
     """The heuristic's a_rows for a call of m rows on cfg (0: the tile's rows)."""
-    if cfg.split_k or cfg.vendor or not 0 < m <= SHORT_A or cfg.schedule != "pingpong" or cfg.tile_m != 64 \
-            or cfg.cluster[0] != 1:
+    if cfg.split_k or cfg.vendor or not 0 < m <= SHORT_A:
         return 0
-    return next((r for r in vocab.A_ROWS if r and m <= r < cfg.tile_m), 0)
+    rows = next(r for r in vocab.A_ROWS if r and m <= r)
+    return 0 if vocab.short_a_problems(rows, cfg.schedule, cfg.tile_m, cfg.cluster) else rows
 
 
 def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None = None,
