@@ -392,7 +392,7 @@ SCHEDULES = {"coop": "cooperative", "ping": "pingpong", "pp": "pingpong"}
 
 
 def allow_tile_widths(text: str) -> tuple[int, ...]:
-    """Let this process configure tiles of these widths too ('176,208': multiples of 16 up to 256), beside
+    """Let this process configure tiles of these widths too ('32,176,208': multiples of 16 from 32 to 256), beside
     the ones epic accepts: to time widths whose tile count fits the 132 SMs' rounds better before epic
     takes them (a width epic does not list has not been checked on a GPU). Returns epic's widths now."""
     from epic.ir import options as vocab
@@ -400,8 +400,8 @@ def allow_tile_widths(text: str) -> tuple[int, ...]:
         widths = {int(w) for w in text.split(",") if w}
     except ValueError:
         widths = {0}
-    if any(w % 16 or not 64 <= w <= 256 for w in widths):
-        raise SystemExit(f"--tile-widths takes multiples of 16 from 64 to 256, comma-separated (got {text!r})")
+    if any(w % 16 or not 32 <= w <= 256 for w in widths):
+        raise SystemExit(f"--tile-widths takes multiples of 16 from 32 to 256, comma-separated (got {text!r})")
     vocab.TILE_N = tuple(sorted(set(vocab.TILE_N) | widths))
     return vocab.TILE_N
 

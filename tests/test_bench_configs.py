@@ -24,8 +24,8 @@ def test_bench_scripts_can_allow_tile_widths_epic_does_not_list_yet(monkeypatch)
     monkeypatch.setattr(vocab, "TILE_N", vocab.TILE_N)       # restored after the test
     bench = bench_module("bench")
     assert vocab.value_problem("tile", (128, 176, 64)) is not None
-    assert bench.allow_tile_widths("176,208") == (64, 128, 176, 192, 208, 256)
+    assert bench.allow_tile_widths("176,208") == (32, 64, 128, 176, 192, 208, 256)
     assert vocab.value_problem("tile", (128, 176, 64)) is None
-    for bad in ("100", "272", "x"):
-        with pytest.raises(SystemExit, match="multiples of 16 from 64 to 256"):
+    for bad in ("100", "272", "16", "x"):
+        with pytest.raises(SystemExit, match="multiples of 16 from 32 to 256"):
             bench.allow_tile_widths(bad)

@@ -491,9 +491,10 @@ def test_nvcc_builds_a_kernel_whose_loads_carry_no_cache_policy(tmp_path, monkey
 @pytest.mark.nvcc
 def test_nvcc_builds_a_kernel_that_loads_a_short_a_box(tmp_path, monkeypatch):
     """a_rows=8's producer (epic_nodes/short_a_mainloop.hpp: its own TMA descriptor of an 8-row box of A,
-    B as CUTLASS loads it) compiles with the pingpong kernel and loads with the default kernel's C ABI."""
+    B as CUTLASS loads it) compiles with the pingpong kernel, on the plan's 64x32x128 tile and 1x2 cluster
+    at one row (config.SHORT_ACC), and loads with the default kernel's C ABI."""
     spec, lib = _build_plain(tmp_path, monkeypatch, {"a_rows": 8}, dict(M=1, K=4096, N=4096))
-    assert lib.info["kernel"] == spec.name and lib.info["config"] == "ping_64x64x64_c1x1_a8"
+    assert lib.info["kernel"] == spec.name and lib.info["config"] == "ping_64x32x128_c1x2_a8"
 
 
 def _build_plain(tmp_path, monkeypatch, options: dict, sizes: dict):

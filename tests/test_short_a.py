@@ -42,11 +42,11 @@ def test_a_short_box_changes_only_the_mainloop_line():
     assert short.source.index("struct ShortA") < short.source.index("namespace epic_kernel {")
     removed = [d[2:] for d in difflib.ndiff(base.source.splitlines(), short.source.splitlines()) if d[:2] == "- "]
     assert len(removed) == 3, removed
-    assert removed[0].startswith("// ") and "ping_64x64x64_c1x1" in removed[0]
+    assert removed[0].startswith("// ") and "ping_64x32x128_c1x2" in removed[0]
     assert removed[1].startswith("using CollectiveMainloop = epic_mainloop::L2PrefetchMainloop<")
     assert removed[2].startswith('  return "{\\"abi\\":1,')
     assert ("using CollectiveMainloop = epic_mainloop::ShortA<epic_mainloop::L2PrefetchMainloop<BuiltMainloop, "
-            "64, 64>, 8, true>;") in short.source.splitlines()
+            "32, 128>, 8, true>;") in short.source.splitlines()
     # the stage expects the box's bytes and B's, and a larger M is refused before the launch
     assert "p.tma_transaction_bytes = kBoxBytes + p.tma_transaction_bytes_nk;" in short.source
     assert "int(cute::get<0>(mnkl)) <= Rows" in short.source
@@ -56,7 +56,7 @@ def test_a_short_box_without_a_cache_policy_and_inside_the_trace():
     _, unit = _units(8, {"load_hint": "none", "trace": "tiles"})
     assert unit.name.endswith("_tiles_nohint_a8") and "UnhintedLoads" not in unit.source
     assert ("using CollectiveMainloop = epic_trace::TracedMainloop<epic_mainloop::ShortA<"
-            "epic_mainloop::L2PrefetchMainloop<BuiltMainloop, 64, 64>, 8, false>>;") in unit.source.splitlines()
+            "epic_mainloop::L2PrefetchMainloop<BuiltMainloop, 32, 128>, 8, false>>;") in unit.source.splitlines()
 
 
 def test_a_rows_in_the_file_round_trips_through_tuning():

@@ -38,7 +38,7 @@ LOAD_HINTS = ("evict_normal", "none")
 # into the kernel, which then takes at most that many rows. The plan's choice for calls of at most 32 rows.
 A_ROWS = (0, 8, 16, 32)
 TILE_M = (64, 128, 256)
-TILE_N = (64, 128, 192, 256)
+TILE_N = (32, 64, 128, 192, 256)
 TILE_K = (64, 128)
 CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2))
 

@@ -8,6 +8,9 @@ Heuristic (chosen from H200 measurements: docs/PERFORMANCE.md, "Tuning"):
                                                    each block (not a 64x128 tile); N over 8192:
                                                    64x128, half the waves (SMALL_M_WIDE);
                                                    M <= 64 and at least 96 tiles: K = 128;
+                                                   M <= 32, N <= 8192, a gemm storing its
+                                                   accumulator alone (plain, or the tail's):
+                                                   64x32x128, cluster 1x2 (SHORT_ACC);
                                                    a row statistic with N <= 8192, or
                                                    1xB blocks from M = 64: combine=tail
                                                    (plan/tail.py, by_heuristic; the gemm
@@ -259,6 +262,18 @@ SMALL_M = [KernelConfig("pingpong", (64, 64, 64), (1, 1))]
 # after the harness's write flush (1.011-1.019 each) and 64x128 is ahead after a read flush, the L2
 # a decode step finds (1.002-1.020 against 1.041-1.057; 2026-12-03-h200-interleaved-decode-tiles-64.log).
 SMALL_M_WIDE = [KernelConfig("pingpong", (64, 128, 64), (1, 1))]
+# Decode of at most SHORT_A rows (a short box of A), a gemm that stores its accumulator alone (a plain
+# gemm, or the gemm of a decode tail, which stores its f32 accumulator for the tail kernel) and N at most
+# SHORT_ACC_N: 64x32x128 tiles on 1x2 clusters, twice the CTAs of 64x64 (128 on N = 4096) and half the
+# k-blocks. M = 16, N = 4096 on an H100 (bench/results/2026-12-07-h100-short-acc-tiles.log), against
+# 64x64x64: plain 0.908 / 0.938, residual + RMSNorm (tail) 0.974 / 1.014; at M = 64 (no short box)
+# level: plain 0.987 / 0.991, residual + RMSNorm 1.088 / 1.095, so the rule stops at SHORT_A. (fp8
+# 1x128 with the tail on these tiles read 1.019 against 1.041 for its blocks in the gemm's epilogue at
+# M = 16, QK-norm 1.053 / 1.050: not taken.) A tile 32 wide runs only such gemms (E216 otherwise): the forms
+# checked on a GPU (64x32 tiles with bias + GELU and RoPE epilogues read 1.088 and 1.125 against 1.013
+# and 1.058 at M = 64, bench/results/2026-12-01-h200-interleaved-tile-n32-64.json).
+SHORT_ACC = [KernelConfig("pingpong", (64, 32, 128), (1, 2))]
+SHORT_ACC_N = 8192
 # Tiles 192 wide where they cover N with at most 1% of empty columns (N = 6144, 14336, 28672, 128256):
 # a wider tile reads each A tile fewer times; where a third of the last column of tiles would be empty
 # (N = 4096) the empty part costs more (bench/results/2026-12-02-h200-interleaved-wide-tiles.json and
@@ -317,13 +332,15 @@ def _with_blocks(cfg: KernelConfig, blocks, split: bool = False) -> KernelConfig
 
 
 def heuristic(m: int, blocks: set[int] | None = None, kernel=None, tensors: dict | None = None,
-              n: int | None = None, gpu: str | None = None) -> KernelConfig:
+              n: int | None = None, gpu: str | None = None, acc_only: bool = False) -> KernelConfig:
     """n: the gemm's N where the sizes are known (None: not a wide one); gpu: the key of the GPU the
-    plan is for (plan/gpus.py)."""
+    plan is for (plan/gpus.py); acc_only: the gemm stores its accumulator alone (stores_acc_only)."""
     large = WIDE_N + LARGE_M if _wide(n) else LARGE_M
     if gpu == gpus.H100 and _h100_cooperative(kernel, tensors, m, n):
         large = H100_COOPERATIVE + large
     small = SMALL_M_WIDE + SMALL_M if n is not None and n > WIDE else SMALL_M
+    if acc_only and 0 < m <= SHORT_A and n is not None and 0 < n <= SHORT_ACC_N:
+        small = SHORT_ACC + small
     ladder = [_with_blocks(c, blocks, split=m <= 256) for c in (small if m <= 256 else large)]
     if m <= 64 and n is not None and n > 0:      # measured at M = 64 only (one row of tiles)
         ladder = [c for base in ladder for c in _deep_k(base, m, n)]
@@ -350,6 +367,16 @@ def _h100_cooperative(kernel, tensors: dict | None, m: int, n: int | None) -> bo
         return False
     blockwise = any(P.family(v.op) is P.Family.BLOCK for v in kernel.values)
     return not blockwise or tensors[tiles[0].tensor].dtype.bits <= 8
+
+
+def stores_acc_only(kernel, combine: str | None) -> bool:
+    """The gemm's epilogue stores its accumulator and nothing else: one store of the accumulator (a plain
+    gemm, a derived backward's dX or dW), or combine=tail (the gemm stores its f32 accumulator, and the
+    tail kernel after it runs the epilogue)."""
+    if combine == "tail":
+        return True
+    stores = getattr(kernel, "stores", None) or []
+    return len(stores) == 1 and P.is_accumulator(stores[0].value.op)
 
 
 def _deep_k(cfg: KernelConfig, m: int, n: int) -> list[KernelConfig]:
@@ -523,7 +550,8 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
     # a gemm whose epilogue runs in a tail kernel stores its accumulator only: no blocks to fit
     combine = next((src["combine"] for src in (override or {}, kernel.options or {}) if "combine" in src), None)
     blocks = () if combine == "tail" else block_sizes(kernel)
-    cfg = heuristic(m, blocks, kernel, tensors, n, gpu)
+    acc_only = stores_acc_only(kernel, combine)
+    cfg = heuristic(m, blocks, kernel, tensors, n, gpu, acc_only)
     split_cluster = any(split_block(cfg, b) for b in blocks)   # the heuristic's 1x2 cluster shares blocks
     tile_fixed = False      # a tile the file or the call chose is kept (a bad combination is E216)
     schedule_fixed = False  # so is a schedule
@@ -569,6 +597,11 @@ def choose(kernel, m: int, override: dict | None, tensors: dict, n: int | None =
         swizzle, raster = fitting_order(cfg, m, n, raster_fixed)
         cfg = replace(cfg, swizzle=swizzle, raster=raster)
     cfg = validate(cfg, f"gemm '{kernel.name}'", getattr(kernel, "span", None))
+    if cfg.tile_n < 64 and not acc_only:
+        raise error("E216", f"gemm '{kernel.name}' ({cfg}): a tile {cfg.tile_n} wide runs a gemm that stores its "
+                    "accumulator alone (a plain gemm, or the gemm of combine=tail: the forms checked on a GPU); "
+                    "this one's epilogue computes more", getattr(kernel, "span", None),
+                    "choose a tile 64 or more wide, or leave the tile out")
     if cfg.a_rows and m > cfg.a_rows:
         raise error("E216", f"gemm '{kernel.name}' ({cfg}): a_rows={cfg.a_rows} reads {cfg.a_rows} rows of A per "
                     f"tile, and this call has {m} rows", getattr(kernel, "span", None),
