@@ -8,8 +8,9 @@ Heuristic (chosen from H200 measurements: docs/PERFORMANCE.md, "Tuning"):
                                                    each block (not a 64x128 tile); N over 8192:
                                                    64x128, half the waves (SMALL_M_WIDE);
                                                    M <= 64 and at least 96 tiles: K = 128;
-                                                   M <= 32, N <= 8192, a gemm storing its
-                                                   accumulator alone (plain, or the tail's):
+                                                   M <= 32, a gemm storing its accumulator
+                                                   alone (plain, or the tail's) whose 32-wide
+                                                   tiles fit one round (N <= 4224):
                                                    64x32x128, cluster 1x2 (SHORT_ACC);
                                                    a row statistic with N <= 8192, or
                                                    1xB blocks from M = 64: combine=tail
@@ -263,17 +264,19 @@ SMALL_M = [KernelConfig("pingpong", (64, 64, 64), (1, 1))]
 # a decode step finds (1.002-1.020 against 1.041-1.057; 2026-12-03-h200-interleaved-decode-tiles-64.log).
 SMALL_M_WIDE = [KernelConfig("pingpong", (64, 128, 64), (1, 1))]
 # Decode of at most SHORT_A rows (a short box of A), a gemm that stores its accumulator alone (a plain
-# gemm, or the gemm of a decode tail, which stores its f32 accumulator for the tail kernel) and N at most
-# SHORT_ACC_N: 64x32x128 tiles on 1x2 clusters, twice the CTAs of 64x64 (128 on N = 4096) and half the
-# k-blocks. M = 16, N = 4096 on an H100 (bench/results/2026-12-07-h100-short-acc-tiles.log), against
-# 64x64x64: plain 0.908 / 0.938, residual + RMSNorm (tail) 0.974 / 1.014; at M = 64 (no short box)
-# level: plain 0.987 / 0.991, residual + RMSNorm 1.088 / 1.095, so the rule stops at SHORT_A. (fp8
-# 1x128 with the tail on these tiles read 1.019 against 1.041 for its blocks in the gemm's epilogue at
-# M = 16, QK-norm 1.053 / 1.050: not taken.) A tile 32 wide runs only such gemms (E216 otherwise): the forms
-# checked on a GPU (64x32 tiles with bias + GELU and RoPE epilogues read 1.088 and 1.125 against 1.013
-# and 1.058 at M = 64, bench/results/2026-12-01-h200-interleaved-tile-n32-64.json).
+# gemm, or the gemm of a decode tail, which stores its f32 accumulator for the tail kernel) whose 32-wide
+# tiles fit one round on the SMs (N up to 4224 on 132): 64x32x128 tiles on 1x2 clusters, twice the CTAs
+# of 64x64 (128 on N = 4096) and half the k-blocks. On an H100 at N = 4096, against 64x64x64
+# (bench/results/2026-12-07-h100-short-acc-tiles.log): plain 0.892 / 0.918 at M = 1, 0.895 / 0.926 at
+# 16, 0.966 / 0.998 at 32; residual + RMSNorm (tail) 0.969 / 0.997, 0.970 / 0.997, 1.058 / 1.084. At
+# N = 6144 (192 tiles: two rounds) they were slower: plain 0.998-1.022 against 0.954-0.989. At M = 64
+# (no short box) level: plain 0.987 / 0.991, residual + RMSNorm 1.088 / 1.095, so the rule stops at
+# SHORT_A. (fp8 1x128 with the tail on these tiles read 0.994-1.103 against 1.015-1.112 for its blocks
+# in the gemm's epilogue at M = 1-32, QK-norm + RoPE 1.004-1.129 against 1.015-1.120: not taken.) A tile
+# 32 wide runs only such gemms (E216 otherwise): the forms checked on a GPU (64x32 tiles with bias + GELU
+# and RoPE epilogues read 1.088 and 1.125 against 1.013 and 1.058 at M = 64,
+# bench/results/2026-12-01-h200-interleaved-tile-n32-64.json).
 SHORT_ACC = [KernelConfig("pingpong", (64, 32, 128), (1, 2))]
-SHORT_ACC_N = 8192
 # Tiles 192 wide where they cover N with at most 1% of empty columns (N = 6144, 14336, 28672, 128256):
 # a wider tile reads each A tile fewer times; where a third of the last column of tiles would be empty
 # (N = 4096) the empty part costs more (bench/results/2026-12-02-h200-interleaved-wide-tiles.json and
@@ -339,7 +342,7 @@ def heuristic(m: int, blocks: set[int] | None = None, kernel=None, tensors: dict
     if gpu == gpus.H100 and _h100_cooperative(kernel, tensors, m, n):
         large = H100_COOPERATIVE + large
     small = SMALL_M_WIDE + SMALL_M if n is not None and n > WIDE else SMALL_M
-    if acc_only and 0 < m <= SHORT_A and n is not None and 0 < n <= SHORT_ACC_N:
+    if acc_only and 0 < m <= SHORT_A and n is not None and n > 0 and rounds(SHORT_ACC[0], m, n).scheduled <= SMS:
         small = SHORT_ACC + small
     ladder = [_with_blocks(c, blocks, split=m <= 256) for c in (small if m <= 256 else large)]
     if m <= 64 and n is not None and n > 0:      # measured at M = 64 only (one row of tiles)
