@@ -1,7 +1,8 @@
 """Decode gemms that store their accumulator alone (a plain gemm, a derived backward's dX or dW, or the
 gemm of combine=tail) take 64x32x128 tiles on 1x2 clusters at most 32 rows where those tiles fit one
-round on 132 SMs, N up to 4224 (config.SHORT_ACC); a 32-wide tile runs no other epilogue (E216). What the heuristic picks and refuses;
-the GPU comparison is test_gpu.py's short-box cases, the nvcc build test_codegen.py's."""
+round on 132 SMs, N up to 4224 (config.SHORT_ACC); a 32-wide tile runs no other epilogue (E216). What
+the heuristic picks and refuses; the GPU comparison is test_gpu.py's short-box cases, the nvcc build
+test_codegen.py's."""
 import pytest
 
 from epic import pipeline
