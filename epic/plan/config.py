@@ -378,8 +378,7 @@ def stores_acc_only(kernel, combine: str | None) -> bool:
     tail kernel after it runs the epilogue)."""
     if combine == "tail":
         return True
-    stores = getattr(kernel, "stores", None) or []
-    return len(stores) == 1 and P.is_accumulator(stores[0].value.op)
+    return len(kernel.stores) == 1 and P.is_accumulator(kernel.stores[0].value.op)
 
 
 def _deep_k(cfg: KernelConfig, m: int, n: int) -> list[KernelConfig]:
