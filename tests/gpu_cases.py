@@ -229,6 +229,11 @@ FOLD = {"combine": "fold"}
 
 # test_a_1x2_clusters_swizzle_covers_every_tile: residual + RMSNorm with its gemm on a 1x2 cluster
 CLUSTER_1X2_CASE = ("samples/residual_rmsnorm.epi", (1000, 1352, 200))
+# 1x128 blocks split over a 1x2 cluster's two CTAs (64-wide tiles: detail::exchange_halves through each
+# other's shared memory) with several tiles per CTA (1000 x 1280 and 1000 x 1408: over 300 tiles on at
+# most 132 CTAs), so that consecutive tiles of a CTA reuse the exchange's words; M ragged on 64.
+SPLIT_BLOCKS = {"tile": (64, 64, 64), "cluster": (1, 2)}
+SPLIT_BLOCK_CASES = [("samples/qk_norm_rope.epi", (1000, 1352, 200)), ("samples/fp8_block_quant.epi", (1000, 1352, 200))]
 
 
 def cluster_1x2_config(program) -> dict:

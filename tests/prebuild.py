@@ -19,7 +19,7 @@ from epic.codegen import emit
 from epic.runtime import build
 
 from .gpu_cases import (CLUSTER_1X2_CASE, DYNAMIC_CASES, H100_TILE, H100_TILE_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES,
-                        PROGRAMS, SERPENTINE_CASES, SHORT_A_CASES, SIZES, SPLIT_CASES, TAIL_SIZES, cluster_1x2_config, fold_config, folds,
+                        PROGRAMS, SERPENTINE_CASES, SHORT_A_CASES, SIZES, SPLIT_BLOCK_CASES, SPLIT_BLOCKS, SPLIT_CASES, TAIL_SIZES, cluster_1x2_config, fold_config, folds,
                         gemm_options, groups_rows, own_size_cases, path, split_k_config, tail_config)
 
 # the benchmark's identity epilogue, at its square shape (bench/prebuild.py builds the rest)
@@ -62,6 +62,7 @@ def all_units(only: list[str], training: bool) -> list:
         [(name, table[name](*size), ("options", {"tile_order": "linear", **extra}))
          for name, size, extra in DYNAMIC_CASES] + \
         [(name, table[name](*size), ("options", H100_TILE)) for name, size in H100_TILE_CASES] + \
+        [(name, table[name](*size), ("options", SPLIT_BLOCKS)) for name, size in SPLIT_BLOCK_CASES] + \
         [(name, table[name](*size), ("options", {"load_hint": "none", **extra}))
          for name, size, extra in LOAD_HINT_CASES] + \
         [(name, table[name](*size), ("options", {"load_hint": "evict_normal", **extra}))

@@ -314,17 +314,21 @@ def test_decode_shares_a_block_between_a_clusters_two_ctas():
     prog = pipeline.analyze(str(ROOT / "samples" / "qk_norm_rope.epi")).program
     (spec, unit), = emit.units(prog, configs(prog, 64))
     assert str(spec.config) == "pingpong 64x64x64 cluster 1x2 epilogue 64x64"
-    roles = [(p.role, p.tensor) for p in spec.pointers]
-    slots = roles.index(("pair_slots", ""))
-    assert spec.scratch == [(slots, "(long long)((sizes[0] + 64 - 1) / 64 * 64) * ((sizes[1] + 128 - 1) / 128) * 16")]
-    assert spec.nodes[-1].args.endswith(f"static_cast<uint64_t*>(p[{slots}])}}")
-    assert spec.pointers[slots].note == "null: the library's own per-stream words for the split blocks' exchange"
-    assert "epic_nodes/stream_scratch.hpp" in spec.headers
-    (big, _), = emit.units(prog, configs(prog, 8192))      # prefill: 128-wide tiles hold whole blocks
-    assert big.scratch == [] and "pair_slots" not in [p.role for p in big.pointers]
+    # the halves go through each other's shared memory: two words per tile row, kept by the pipeline
+    assert spec.pair_words == 128 and spec.scratch == [] and "pair_slots" not in [p.role for p in spec.pointers]
+    assert spec.mainloop.startswith("epic_mainloop::PairSlots<") and spec.mainloop.endswith(", 128>")
+    assert "epic_nodes/pair_slots_mainloop.hpp" in spec.scheduler_headers
+    assert spec.mainloop_carveout.endswith(" + 1024")        # the words are not the stages'
+    assert "StageCountAutoCarveout<static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage)) + 1024>" \
+        in unit.source
+    assert "offsetof(typename GemmKernel::SharedStorage, pipelines) == 0" in unit.source
+    (big, big_unit), = emit.units(prog, configs(prog, 8192))      # prefill: 128-wide tiles hold whole blocks
+    assert big.pair_words == 0 and "PairSlots" not in big.mainloop and "offsetof" not in big_unit.source
     quant = pipeline.analyze(str(ROOT / "samples" / "fp8_block_quant.epi")).program
     (q, _), = emit.units(quant, configs(quant, 64))
-    assert q.nodes[-1].type.startswith("epic_nodes::Sm90BlockScale<128,") and q.scratch
+    assert q.nodes[-1].type.startswith("epic_nodes::Sm90BlockScale<128,") and q.pair_words == 128
+    (h, _), = emit.units(quant, configs(quant, 8192))
+    assert h.pair_words == 0
 
 
 def test_compile_command_writes_sources(tmp_path, capsys):

@@ -23,12 +23,14 @@ import torch
 
 import epic
 from epic import dtypes, reference
+from epic.codegen import emit
 from epic.diagnostics import EpicError
 from epic.plan import gpus
 
 from .gpu_cases import (CLUSTER_1X2_CASE, DEPENDENT_FIRST_CASES, DETERMINISM_CASES, DYNAMIC_CASES, H100_TILE,
                         H100_TILE_CASES, HF_BLOCK_CASE, MEMCHECK_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS,
-                        QUANT_SIZES, SERPENTINE_CASES, SHORT_A_CASES, SIZES, SPLIT_CASES, TAIL_SIZES,
+                        QUANT_SIZES, SERPENTINE_CASES, SHORT_A_CASES, SIZES, SPLIT_BLOCK_CASES, SPLIT_BLOCKS,
+                        SPLIT_CASES, TAIL_SIZES,
                         TORCH_COMPILE_CASE, XENT_D, XENT_SIZES, cluster_1x2_config, fold_config, folds, gemm_options,
                         groups_rows, make_inputs, path, split_k_config, tail_config, to_device)
 
@@ -198,6 +200,22 @@ def test_a_1x2_clusters_swizzle_covers_every_tile(swizzle, raster):
 
 def _ids(cases):
     return [f"{n}-{'x'.join(map(str, s))}" + "".join(f"-{k}={v}" for k, v in e.items()) for n, s, e in cases]
+
+
+@pytest.mark.parametrize("name, size", SPLIT_BLOCK_CASES, ids=_ids([(n, s, {}) for n, s in SPLIT_BLOCK_CASES]))
+def test_blocks_split_over_a_cluster_with_several_tiles_per_cta_match_reference(name, size):
+    """1x128 blocks on 64-wide tiles of 1x2 clusters, the two CTAs exchanging their halves' statistics
+    through each other's shared memory, with more tiles than CTAs: a CTA's consecutive tiles reuse the
+    words (one set per consumer warp group), told apart by their tags. Against the reference, twice."""
+    prog = epic.compile(path(name), config=gemm_options(compiled(name).program, SPLIT_BLOCKS))
+    sizes = PROGRAMS[name](*size)
+    configs = prog.plan(sizes).configs
+    assert all(c.tile == (64, 64, 64) and c.cluster == (1, 2) for c in configs.values())
+    assert all(spec.pair_words for spec, _ in emit.units(prog.program, configs))
+    n = sizes["N"] if "N" in sizes else sizes["H"] * sizes["Dh"]
+    assert -(-sizes["M"] // 64) * -(-n // 64) > torch.cuda.get_device_properties(0).multi_processor_count
+    for _ in range(2):
+        _check_against_reference(prog, name, size)
 
 
 @pytest.mark.parametrize("name, size", H100_TILE_CASES, ids=_ids([(n, s, {}) for n, s in H100_TILE_CASES]))

@@ -53,6 +53,9 @@ class KernelSpec:
     # (launch pointer index, C++ byte count from the sizes): zeroed per-stream scratch that the library
     # puts in that pointer slot (the caller passes null); a launch leaves it zeroed
     scratch: list[tuple[int, str]] = field(default_factory=list)
+    # split blocks' exchange (a 1x2 cluster's CTAs each hold half of a 1xB block): the 64-bit words at
+    # the start of shared memory that the mainloop's pipeline zeroes (pair_slots_mainloop.hpp); 0: none
+    pair_words: int = 0
     # the operands' CUTLASS layouts and orders in words (epic/ir/operands.py)
     layout_a: str = operands.ROW_MAJOR
     layout_b: str = operands.COLUMN_MAJOR
@@ -86,12 +89,20 @@ class KernelSpec:
         return "epic_scheduler::GroupedPersistentScheduler"
 
     @property
+    def mainloop_carveout(self) -> str:
+        """The shared memory the mainloop's stages leave to the rest (C++ bytes): the epilogue's, and the
+        split blocks' exchange words, which the mainloop's pipeline storage holds."""
+        epilogue = "static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))"
+        return f"{epilogue} + {self.pair_words * 8}" if self.pair_words else epilogue
+
+    @property
     def mainloop(self) -> str:
         """The mainloop collective: CUTLASS's (BuiltMainloop) as the split-K kernel takes it, else wrapped,
         innermost first, in the L2 prefetch of a programmatic dependent (l2_prefetch_mainloop.hpp), the
         producer without a cache policy where load_hint=none (unhinted_loads_mainloop.hpp) or the one of a
         short A box where a_rows is set (short_a_mainloop.hpp, with or without the policy) and the
-        recorder of trace=tiles (tile_trace.hpp)."""
+        recorder of trace=tiles (tile_trace.hpp); a kernel whose epilogue exchanges split blocks' halves
+        keeps their words in the pipeline's storage (pair_slots_mainloop.hpp)."""
         if self.config.split_k:
             return "BuiltMainloop"
         out = f"epic_mainloop::L2PrefetchMainloop<BuiltMainloop, {self.config.tile[1]}, {self.config.tile[2]}>"
@@ -100,6 +111,8 @@ class KernelSpec:
             out = f"epic_mainloop::ShortA<{out}, {self.config.a_rows}, {hinted}>"
         elif self.config.load_hint == "none":
             out = f"epic_mainloop::UnhintedLoads<{out}>"
+        if self.pair_words:
+            out = f"epic_mainloop::PairSlots<{out}, {self.pair_words}>"
         if self.config.trace == "tiles":
             out = f"epic_trace::TracedMainloop<{out}>"
         return out
@@ -115,7 +128,8 @@ class KernelSpec:
                 + (["epic_nodes/serpentine_tile_scheduler.hpp"] if self.config.tile_order == "serpentine" else [])
                 + (["epic_nodes/dynamic_tile_scheduler.hpp"] if self.config.tile_order == "dynamic" else [])
                 + (["epic_nodes/short_a_mainloop.hpp"] if self.config.a_rows else
-                   ["epic_nodes/unhinted_loads_mainloop.hpp"] if self.config.load_hint == "none" else []))
+                   ["epic_nodes/unhinted_loads_mainloop.hpp"] if self.config.load_hint == "none" else [])
+                + (["epic_nodes/pair_slots_mainloop.hpp"] if self.pair_words else []))
 
 
 class Builder:
@@ -135,6 +149,7 @@ class Builder:
         self.element_d, self.align_d = "void", 8
         self.aux_elements: list[str] = []     # element types of the aux stores (size a void D's smem)
         self.scratch: list[tuple[int, str]] = []
+        self.pair_words = 0
 
     def scratch_pointer(self, role: str, bytes_expr: str, note: str) -> str:
         """A launch pointer the caller passes as null and the library fills with zeroed per-stream
@@ -276,7 +291,7 @@ class Builder:
             element_a=a.dtype.cutlass, element_b=b.dtype.cutlass, align_a=128 // a.dtype.bits,
             align_b=128 // b.dtype.bits, element_d=self.element_d, align_d=self.align_d, aux_element=aux,
             functors=self.functors, nodes=self.nodes, pointers=self.pointers, scalars=self.scalars,
-            descriptors=self.descriptors, headers=self.headers, scratch=self.scratch,
+            descriptors=self.descriptors, headers=self.headers, scratch=self.scratch, pair_words=self.pair_words,
             layout_a=operands.cutlass_layout("A", a, k.a_t), layout_b=operands.cutlass_layout("B", b, k.b_t),
             order_a=order_a, order_b=order_b)
 

@@ -753,7 +753,6 @@ struct BlockScale : Node {
     float qmax = 0.f;
     float floor = 0.f;
     uint8_t* ptr_q = nullptr;
-    uint64_t* pair_slots = nullptr;   // split blocks: the library's own (null here: see SplitHalves)
   };
   static constexpr int passes = 2;
   Arguments args;
@@ -813,7 +812,6 @@ template <int Block, class Fn, bool Divide, class ElementScale, bool Masked = fa
 struct BlockReduceScale : Node {
   struct Arguments {
     ElementScale* ptr_scale = nullptr;
-    uint64_t* pair_slots = nullptr;   // split blocks: the library's own (null here: see SplitHalves)
   };
   static constexpr int passes = 2;
   SplitHalves halves;

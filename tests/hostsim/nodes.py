@@ -113,9 +113,8 @@ EMULATIONS: dict[str, Emulation] = {
     # its second template argument (the subtile) only shapes the device's shared-memory staging
     "epic_nodes::Sm90HalfWidthPairStore": Emulation(lambda node: f"hostsim::HalfWidthPairStore<{_args(node, 2)[0]}>",
                                                     {0: "aux_store"}),
-    "epic_nodes::Sm90BlockScale": Emulation(_custom("BlockScale", 5), {0: "block_scale", 3: ("int4_store", "byte_store"),
-                                                                       4: "pair_slots"}),
-    "epic_nodes::Sm90BlockReduceScale": Emulation(_custom("BlockReduceScale", 4), {0: "block_scale", 1: "pair_slots"}),
+    "epic_nodes::Sm90BlockScale": Emulation(_custom("BlockScale", 5), {0: "block_scale", 3: ("int4_store", "byte_store")}),
+    "epic_nodes::Sm90BlockReduceScale": Emulation(_custom("BlockReduceScale", 4), {0: "block_scale"}),
     # a folded row combine: its counters (null, the library's own), then the combine kernel's pointers
     "epic_nodes::Sm90RowFold": Emulation(_custom("RowFold", 2), {0: "counters"},
                                          {1: ("row_partial", "col", "out", "scalar")}),

@@ -92,8 +92,9 @@ class _BlockScale(NodeImpl):
             b.aux_elements.append("uint8_t")
             q_arg = f"static_cast<uint8_t*>({pq})"
             element_q, block = f", {t.dtype.cutlass}", block * 2
+        _split_blocks(b, block)
         return b.add(cls, f"epic_nodes::Sm90BlockScale<{block}, {el}, false, 0, {cls.output}{element_q}>",
-                     f"{{{scale_arg}, {literal(qmax)}, {literal(floor)}, {q_arg}{_pair_slots(b, block)}}}", [src],
+                     f"{{{scale_arg}, {literal(qmax)}, {literal(floor)}, {q_arg}}}", [src],
                      f"1x{block} block scale -> {t.name}" + (f", scales {scales[0].tensor}" if scales else ""))
 
 
@@ -120,16 +121,12 @@ def _block_values_pointer(b, stores: list, note: str) -> tuple[str, str]:
     return el, f"static_cast<{el}*>({p})"
 
 
-def _pair_slots(b, block: int) -> str:
-    """Split segments (the tile half a block wide, a 1x2 cluster: codegen checks the configuration in
-    plan/config.py): the Arguments field of the pair exchange's words, ", ptr"; else nothing."""
-    if b.cfg.tile_n >= block:
-        return ""
-    tm = b.cfg.tile_m
-    p = b.scratch_pointer("pair_slots", f"(long long)((sizes[0] + {tm} - 1) / {tm} * {tm}) * "
-                          f"((sizes[1] + {block} - 1) / {block}) * 16",
-                          "null: the library's own per-stream words for the split blocks' exchange")
-    return f", static_cast<uint64_t*>({p})"
+def _split_blocks(b, block: int) -> None:
+    """Split blocks (the tile half a block wide, a 1x2 pingpong cluster: plan/config.py checks the
+    configuration): the two CTAs exchange their halves through each other's shared memory, two words
+    per row of the tile (one per consumer warp group) that the mainloop's pipeline keeps."""
+    if b.cfg.tile_n < block:
+        b.pair_words = 2 * b.cfg.tile_m
 
 
 # ---------------------------------------------------------------- block statistics scaling a tile
@@ -166,8 +163,9 @@ class BlockReduceScale(pat.BlockReduceScale, NodeImpl):
         el, scale_arg = _block_values_pointer(b, scales, f"[M, N/{block}] block values")
         b.set_d(t, t.dtype.cutlass, t.dtype.bits, f"[M, N] {t.dtype}, scaled per 1x{block} block")
         masked = ", true" if mask is not None else ""     # per element: whether the scale applies
+        _split_blocks(b, block)
         return b.add(cls, f"epic_nodes::Sm90BlockReduceScale<{block}, {functor}, {'true' if divide else 'false'}, {el}{masked}>",
-                     f"{{{scale_arg}{_pair_slots(b, block)}}}", inputs,
+                     f"{{{scale_arg}}}", inputs,
                      f"1x{block} block {r.attrs['fn']} scale -> {t.name}" + (f", values {scales[0].tensor}" if scales else ""))
 
 

@@ -17,10 +17,11 @@
 //   struct Fn { static float identity(); static float pre(float); static void merge(float&, float);
 //               static float finalize(float); };     (all CUTLASS_DEVICE; merge commutative)
 //   using Node = epic_nodes::Sm90BlockReduceScale<128, Fn, false, float>;
-//   Arguments: {ElementScale* ptr_scale, uint64_t* pair_slots}
+//   Arguments: {ElementScale* ptr_scale}
 //
-// Split segments (CTA tile N = Block / 2, cluster 1x2): each CTA reduces its half of every segment and
-// the pair exchange the halves through pair_slots (detail::exchange_halves); the left CTA stores s.
+// Split segments (CTA tile N = Block / 2, cluster 1x2, pingpong): each CTA reduces its half of every
+// segment and the pair exchange the halves through each other's shared memory (detail::exchange_halves;
+// the kernel's mainloop is wrapped in epic_mainloop::PairSlots); the left CTA stores s.
 //
 // z is reduced while the subtile is visited: visit() merges each valid element into a thread-local slot
 // per (row, segment) of the subtile; reduce() merges the slots over the lanes that share the rows (XOR
@@ -31,6 +32,7 @@
 
 #include <utility>
 #include "epic_nodes/detail.hpp"
+#include "epic_nodes/pair_exchange.hpp"
 
 namespace epic_nodes {
 
@@ -43,7 +45,6 @@ struct Sm90BlockReduceScale : detail::NoWorkspaceNoLoads {
 
   struct Arguments {
     ElementScale* ptr_scale = nullptr;  // nullptr: scale, but store no statistic
-    uint64_t* pair_slots = nullptr;     // split segments (tile N = Block / 2): detail::exchange_halves's words
   };
 
   using Params = Arguments;
@@ -146,7 +147,7 @@ struct Sm90BlockReduceScale : detail::NoWorkspaceNoLoads {
       auto merge = [](float a, float b) { Fn::merge(a, b); return a; };
       detail::merge_row_lanes(seg.lane_layout, fStat, merge);
       if constexpr (TileN < Block) {   // split segment: the other half is in the cluster's other CTA
-        detail::exchange_halves<Block, TileM, TileN>(seg, fSeg, fStat, params.pair_slots, Fn::identity(), merge);
+        detail::exchange_halves<Block, TileM, TileN>(seg, fSeg, fStat, Fn::identity(), merge);
       }
 
       // 2. the statistic's value per slot (in place), then the subtile rewritten

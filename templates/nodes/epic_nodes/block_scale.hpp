@@ -23,11 +23,11 @@
 //                        rows [M, round_up(M,4)) of the padding are not written)
 //
 //   using Node = epic_nodes::Sm90BlockScale<128, float, true, 1, 0>;
-//   Arguments: {ElementScale* ptr_scale, float qmax, float floor, uint8_t* ptr_q /* Output 1, 2 only */,
-//               uint64_t* pair_slots /* split segments only */}
+//   Arguments: {ElementScale* ptr_scale, float qmax, float floor, uint8_t* ptr_q /* Output 1, 2 only */}
 //
-// Split segments (CTA tile N = Block / 2, cluster 1x2): each CTA takes the amax of its half of every
-// segment and the pair exchange the halves through pair_slots (detail::exchange_halves); the left CTA
+// Split segments (CTA tile N = Block / 2, cluster 1x2, pingpong): each CTA takes the amax of its half of
+// every segment and the pair exchange the halves through each other's shared memory
+// (detail::exchange_halves; the kernel's mainloop is wrapped in epic_mainloop::PairSlots); the left CTA
 // stores the scale. For decode-sized M, where Block-wide tiles leave most SMs idle.
 //
 // A program that wants q * stored_scale ~ x for a low-precision ElementScale divides by the rounded
@@ -41,6 +41,7 @@
 
 #include <type_traits>
 #include "epic_nodes/detail.hpp"
+#include "epic_nodes/pair_exchange.hpp"
 
 namespace epic_nodes {
 
@@ -60,7 +61,6 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
     float qmax = 0.f;                   // e.g. 448 (e4m3), 57344 (e5m2), 127 (int8), 7 or 8 (int4)
     float floor = 0.f;                  // lower bound of amax (keeps all-zero segments finite): > 0
     uint8_t* ptr_q = nullptr;           // Output 1: [M, N/2] packed int4 bytes; 2: [M, N/2] ElementQ; 0: nullptr
-    uint64_t* pair_slots = nullptr;     // split segments (tile N = Block / 2): detail::exchange_halves's words
   };
 
   using Params = Arguments;
@@ -148,7 +148,7 @@ struct Sm90BlockScale : detail::NoWorkspaceNoLoads {
       auto max = [](float a, float b) { return fmaxf(a, b); };
       detail::merge_row_lanes(seg.lane_layout, fAmax, max);
       if constexpr (TileN < Block) {   // split segment: the other half is in the cluster's other CTA
-        detail::exchange_halves<Block, TileM, TileN>(seg, fSeg, fAmax, params.pair_slots, 0.f, max);
+        detail::exchange_halves<Block, TileM, TileN>(seg, fSeg, fAmax, 0.f, max);
       }
 
       // 3. scales: the stored copy is rounded to ElementScale; q is divided by the f32 value
