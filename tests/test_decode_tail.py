@@ -45,10 +45,11 @@ def test_the_gemm_stores_its_accumulator_and_the_tail_does_the_rest():
     ("samples/cross_entropy.epi", dict(M=64, D=256, V=1024), None, ["gemm", "combine"]),  # stores no tile
     ("samples/prenorm_mlp.epi", dict(M=16, D=512, F=1024), None, ["gemm", "tail", "gemm", "gemm"]),
     # block statistics alone: the heads of QK-norm, fp8's scale blocks
-    ("samples/qk_norm_rope.epi", dict(M=64, D=4096, H=32, Dh=128), None, ["gemm", "tail"]),
-    ("samples/fp8_block_quant.epi", dict(M=64, D=4096, N=4096), None, ["gemm", "tail"]),
+    ("samples/qk_norm_rope.epi", dict(M=65, D=4096, H=32, Dh=128), None, ["gemm", "tail"]),
+    ("samples/fp8_block_quant.epi", dict(M=65, D=4096, N=4096), None, ["gemm", "tail"]),
     ("samples/fp8_block_quant.epi", dict(M=512, D=4096, N=4096), None, ["gemm"]),
-    ("samples/fp8_block_quant.epi", dict(M=63, D=4096, N=4096), None, ["gemm"]),    # below BLOCK_TAIL_ROWS
+    ("samples/fp8_block_quant.epi", dict(M=64, D=4096, N=4096), None, ["gemm"]),    # below BLOCK_TAIL_ROWS
+    ("samples/qk_norm_rope.epi", dict(M=64, D=4096, H=32, Dh=128), None, ["gemm"]),
     ("samples/qk_norm_rope.epi", dict(M=256, D=4096, H=32, Dh=128), None, ["gemm", "tail"]),
     ("samples/fp8_block_quant.epi", dict(M=64, D=4096, N=4096), "kernel", ["gemm"]),
     ("samples/swiglu_fp8_quant.epi", dict(M=64, D=4096, F=4096), None, ["gemm"]),    # blocks of SwiGLU's output
@@ -68,11 +69,11 @@ def test_a_block_statistic_gemm_that_takes_the_tail_leaves_its_blocks_to_it():
     """The 1x2 cluster (two CTAs sharing a 1x128 block) and the block-wide epilogue subtile a block
     statistic takes in the gemm's epilogue are not what a gemm storing its accumulator needs: with the
     tail it gets a plain gemm's configuration, and without it the block's."""
-    sizes = dict(M=64, D=4096, H=32, Dh=128)
+    sizes = dict(M=128, D=4096, H=32, Dh=128)
     program = analyzed("samples/qk_norm_rope.epi")
     tail_cfg = planner.make_plan(program, sizes).configs["q_proj"]
     in_gemm = planner.make_plan(program, sizes, {"q_proj": {"combine": "kernel"}}).configs["q_proj"]
-    plain = planner.make_plan(analyzed("bench/programs/plain.epi"), dict(M=64, K=4096, N=4096)).configs["plain"]
+    plain = planner.make_plan(analyzed("bench/programs/plain.epi"), dict(M=128, K=4096, N=4096)).configs["plain"]
     assert tail_cfg.combine == "tail" and (tail_cfg.tile, tail_cfg.cluster, tail_cfg.epi_tile) == (
         plain.tile, plain.cluster, plain.epi_tile)
     assert in_gemm.cluster == (1, 2) and in_gemm.epi_tile == (64, 64)
@@ -195,7 +196,7 @@ def test_the_plan_says_what_the_tail_does():
     fused = {r.kernel: r for r in ledger.fused_rows(plan)}
     assert fused["o_proj__tail"].read_bytes == 64 * 4096 * 4 + 64 * 4096 * 2 + 4096 * 2
     heads = pipeline.analyze(str(ROOT / "samples/qk_norm_rope.epi"))
-    text = ledger.render(planner.make_plan(heads.program, dict(M=64, D=4096, H=32, Dh=128)), heads.source_program)
+    text = ledger.render(planner.make_plan(heads.program, dict(M=128, D=4096, H=32, Dh=128)), heads.source_program)
     assert "q_proj__tail: tail of q_proj (combine=tail): q_proj's epilogue on its stored accumulator, the 1xB " \
         "block statistics, a CTA per row" in text
 

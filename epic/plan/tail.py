@@ -48,12 +48,13 @@ VEC_16BIT, VEC_8BIT = 8, 16
 # (its epilogue writes only per-tile partials, as cross entropy's) keeps its combine kernel: what the
 # tail takes out of the gemm is its tile loads and stores.
 # A gemm with 1xB block statistics and no row statistic has no combine kernel to save: the tail takes
-# its epilogue out of the gemm from BLOCK_TAIL_ROWS rows on. QK-norm + RoPE / fp8 1x128 quantization at
-# N = 4096 on an H100, the gemm's own epilogue against the tail (bench/results/2026-12-07-h100-interleaved-
-# blocks-tail*.json): M = 1: 1.217 / 1.259, 1.182 / 1.220; 16: 1.177 / 1.221, 1.071 / 1.162; 64: 1.143 /
-# 1.150, 1.123 / 1.115 (alone, bench/kernel_times.py: 21.49 / 20.91 us, 21.26 / 20.90 us); 128: 1.283 /
-# 1.163, 1.285 / 1.138; 256: 1.329 / 1.201, 1.317 / 1.158.
-TAIL_ROWS, TAIL_N, BLOCK_TAIL_ROWS = 256, 8192, 64
+# its epilogue out of the gemm from BLOCK_TAIL_ROWS rows on, past one row of 64-row tiles. QK-norm + RoPE
+# / fp8 1x128 quantization at N = 4096 on an H100, the gemm's own epilogue against the tail
+# (bench/results/2026-12-07-h100-interleaved-blocks-tail*.json): M = 1: 1.217 / 1.259, 1.182 / 1.220; 16:
+# 1.177 / 1.221, 1.071 / 1.162; 128: 1.283 / 1.163, 1.285 / 1.138; 256: 1.329 / 1.201, 1.317 / 1.158. At
+# 64 rows, with the split blocks' halves exchanged through shared memory (2026-12-07-h100-pair-exchange-
+# smem.log, four runs): QK-norm 1.121-1.132 against 1.137-1.158, fp8 1.119-1.121 against 1.116-1.121.
+TAIL_ROWS, TAIL_N, BLOCK_TAIL_ROWS = 256, 8192, 65
 
 
 def by_heuristic(program: Program, configs: dict, rows: dict, ns: dict, overrides: dict | None,
