@@ -173,6 +173,7 @@ def own_size_cases() -> list[tuple[str, dict]]:
     """Every (program, sizes) above."""
     return [("samples/cross_entropy.epi", dict(M=m, D=XENT_D, V=v)) for m, v in XENT_SIZES] + \
         [("tests/programs/quant_exposed.epi", dict(M=m, K=k, N=n)) for m, n, k in QUANT_SIZES] + \
+        [(name, PROGRAMS[name](*size)) for name, size in BLOCK_EDGE_CASES] + \
         DETERMINISM_CASES + MEMCHECK_CASES + DEPENDENT_FIRST_CASES + [TORCH_COMPILE_CASE, HF_BLOCK_CASE] + \
         [(name, {"M": m, k: MX_K, "N": MX_N}) for name, k in MX_PROGRAMS.items() for m in MX_ROWS]
 
@@ -234,6 +235,10 @@ CLUSTER_1X2_CASE = ("samples/residual_rmsnorm.epi", (1000, 1352, 200))
 # most 132 CTAs), so that consecutive tiles of a CTA reuse the exchange's words; M ragged on 64.
 SPLIT_BLOCKS = {"tile": (64, 64, 64), "cluster": (1, 2)}
 SPLIT_BLOCK_CASES = [("samples/qk_norm_rope.epi", (1000, 1352, 200)), ("samples/fp8_block_quant.epi", (1000, 1352, 200))]
+# 64 rows, the most the plan keeps 1x128 blocks in the gemm's epilogue for (plan/tail.py's BLOCK_TAIL_ROWS),
+# and one row more, where the tail kernel takes them; K ragged on the tile's 64.
+BLOCK_EDGE_CASES = [(name, (m, 1024, 200)) for name in ("samples/qk_norm_rope.epi", "samples/fp8_block_quant.epi")
+                    for m in (64, 65)]
 
 
 def cluster_1x2_config(program) -> dict:

@@ -27,7 +27,7 @@ from epic.codegen import emit
 from epic.diagnostics import EpicError
 from epic.plan import gpus
 
-from .gpu_cases import (CLUSTER_1X2_CASE, DEPENDENT_FIRST_CASES, DETERMINISM_CASES, DYNAMIC_CASES, H100_TILE,
+from .gpu_cases import (BLOCK_EDGE_CASES, CLUSTER_1X2_CASE, DEPENDENT_FIRST_CASES, DETERMINISM_CASES, DYNAMIC_CASES, H100_TILE,
                         H100_TILE_CASES, HF_BLOCK_CASE, MEMCHECK_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS,
                         QUANT_SIZES, SERPENTINE_CASES, SHORT_A_CASES, SIZES, SPLIT_BLOCK_CASES, SPLIT_BLOCKS,
                         SPLIT_CASES, TAIL_SIZES,
@@ -216,6 +216,16 @@ def test_blocks_split_over_a_cluster_with_several_tiles_per_cta_match_reference(
     assert -(-sizes["M"] // 64) * -(-n // 64) > torch.cuda.get_device_properties(0).multi_processor_count
     for _ in range(2):
         _check_against_reference(prog, name, size)
+
+
+@pytest.mark.parametrize("name, size", BLOCK_EDGE_CASES, ids=_ids([(n, s, {}) for n, s in BLOCK_EDGE_CASES]))
+def test_block_statistics_at_the_tails_first_row_count_match_reference(name, size):
+    """The plan's default on either side of BLOCK_TAIL_ROWS: at 64 rows the 1x128 blocks in the gemm's
+    epilogue (a 1x2 cluster exchanging halves), at 65 the tail kernel's."""
+    prog = compiled(name)
+    kinds = [k.kind for k in prog.plan(PROGRAMS[name](*size)).program.kernels]
+    assert kinds == (["gemm"] if size[0] == 64 else ["gemm", "tail"])
+    _check_against_reference(prog, name, size)
 
 
 @pytest.mark.parametrize("name, size", H100_TILE_CASES, ids=_ids([(n, s, {}) for n, s in H100_TILE_CASES]))

@@ -627,11 +627,13 @@ def test_a_block_wider_than_the_epilogue_subtile_is_e404_in_the_file_and_in_a_ca
         assert f"epilogue tile width {epi[1]}" in str(e)
     plan = planner.make_plan(a.program, sizes, {"g": {"tile": (64, 128, 64), "epi_tile": (64, 128)}})
     assert plan.configs["g"].epi_tile == (64, 128)
-    # decode's default with the blocks in the gemm's epilogue (the heuristic gives this gemm the tail,
-    # plan/tail.py) shares each block between a 1x2 cluster's two 64-wide tiles: its epilogue tile must be
-    # the whole tile
+    # decode's default with the blocks in the gemm's epilogue (up to 64 rows; past them the heuristic gives
+    # this gemm the tail, plan/tail.py) shares each block between a 1x2 cluster's two 64-wide tiles: its
+    # epilogue tile must be the whole tile
     in_gemm = {"combine": "kernel"}
-    assert str(planner.make_plan(a.program, sizes).configs["g"]) == "pingpong 64x64x64 cluster 1x1 combine=tail"
+    assert str(planner.make_plan(a.program, dict(sizes, M=65)).configs["g"]) == \
+        "pingpong 64x64x64 cluster 1x1 combine=tail"
+    assert str(planner.make_plan(a.program, sizes).configs["g"]) == "pingpong 64x64x64 cluster 1x2 epilogue 64x64"
     assert str(planner.make_plan(a.program, sizes, {"g": in_gemm}).configs["g"]) == \
         "pingpong 64x64x64 cluster 1x2 epilogue 64x64"
     e = refused(planner.make_plan, a.program, sizes, {"g": {"epi_tile": (64, 32)}}, codes=["E404"])

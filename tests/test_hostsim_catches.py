@@ -187,7 +187,7 @@ PLANTED = {
                              r"r \(f32\): \d+ of 5 elements off"),
     "tail_reads_gamma_from_z": ("samples/residual_rmsnorm.epi", dict(M=5, D=392), 64, no_bug, tail_reads_gamma_from_z,
                                 r"reads p1 as vector, but epic_info says it is tile:z"),
-    "tail_block_half_butterfly": ("samples/qk_norm_rope.epi", dict(M=5, D=200, H=2, Dh=128), 64,
+    "tail_block_half_butterfly": ("samples/qk_norm_rope.epi", dict(M=5, D=200, H=2, Dh=128), 128,
                                   tail_block_half_butterfly, None, r"q \(bf16\): \d+ of"),
     "tail_periodic_step_late": ("bench/programs/resid_norm_periodic.epi", dict(M=5, D=40, H=4, Dh=64), 64,
                                 tail_periodic_step_late, None, r"hg \(bf16\): \d+ of"),
