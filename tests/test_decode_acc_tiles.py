@@ -40,7 +40,7 @@ def test_the_gemm_of_a_decode_tail_takes_it_and_its_epilogue_in_the_gemm_does_no
     # residual + RMSNorm at 16 rows: the tail (a row statistic), its gemm storing the f32 accumulator
     cfg = _config("samples/residual_rmsnorm.epi", 16, dict(D=4096))
     assert cfg.combine == "tail" and _form(cfg) == SHORT_ACC and cfg.a_rows == 16
-    # bias + GELU, fp8 1x128 quantization (its blocks in the gemm's epilogue below 64 rows): not
+    # bias + GELU, fp8 1x128 quantization (its blocks in the gemm's epilogue up to 64 rows): not
     assert _form(_config("samples/bias_gelu.epi", 16, dict(K=4096, N=4096))) != SHORT_ACC
     fp8 = _config("samples/fp8_block_quant.epi", 16, dict(K=4096, N=4096))
     assert fp8.combine == "kernel" and fp8.tile_n >= 64

@@ -13,7 +13,7 @@ Heuristic (chosen from H200 measurements: docs/PERFORMANCE.md, "Tuning"):
                                                    tiles fit one round (N <= 4224):
                                                    64x32x128, cluster 1x2 (SHORT_ACC);
                                                    a row statistic with N <= 8192, or
-                                                   1xB blocks from M = 64: combine=tail
+                                                   1xB blocks from M = 65: combine=tail
                                                    (plan/tail.py, by_heuristic; the gemm
                                                    then plans without its blocks)
   otherwise    pingpong 128x128x64, cluster 2x1  prefill: the epilogue of one warp group overlaps

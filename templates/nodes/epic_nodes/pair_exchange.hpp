@@ -27,7 +27,6 @@ namespace detail {
 // unread. The tag (the tile's row block and segment, numbered from 1) tells this tile's value from a
 // stale one of two tiles before. Through L2 (global words, the previous form) the same exchange cost
 // a round trip to L2 and back (bench/results/2026-12-03-h200-ncu-decode-exchange-64.txt).
-template <int Words>
 CUTLASS_DEVICE uint64_t* pair_words() {
   extern __shared__ __align__(16) char epic_dynamic_smem[];   // the kernel's dynamic shared memory
   return reinterpret_cast<uint64_t*>(epic_dynamic_smem);
@@ -66,7 +65,7 @@ exchange_halves(Segs const& seg, FSeg const& fSeg, FStat&& fStat, float identity
   constexpr int RowLanes = decltype(size<1>(seg.lane_layout))::value;
   constexpr int Slots = decltype(size(fStat))::value;
   // pingpong: consumer warp groups 1 and 2 (0 is the producer's)
-  uint64_t* words = pair_words<2 * TileM>() + (cutlass::canonical_warp_group_idx() == 2 ? TileM : 0);
+  uint64_t* words = pair_words() + (cutlass::canonical_warp_group_idx() == 2 ? TileM : 0);
   uint32_t const peer = cute::block_rank_in_cluster() ^ 1u;
   uint64_t const segments = uint64_t((seg.N + Block - 1) / Block);
   auto row_of = [&](int s) -> int {     // the slot's row in the tile, or -1: no exchange

@@ -2,7 +2,7 @@
 // begins with Words 64-bit words that the pipeline's constructor zeroes. The kernel's shared storage
 // begins with the mainloop's pipeline storage (CUTLASS 4.2's pingpong kernel: SharedStorage::pipelines,
 // then PipelineStorage::mainloop, both first members), so the words sit at the start of the CTA's
-// dynamic shared memory, where the split-block epilogue nodes find them (epic_nodes/detail.hpp,
+// dynamic shared memory, where the split-block epilogue nodes find them (epic_nodes/pair_exchange.hpp,
 // pair_words): the other CTA of a 1x2 cluster stores its half of each block statistic there.
 //
 // Why here: the kernel constructs the mainloop pipeline before the cluster's start barrier (arrive,
