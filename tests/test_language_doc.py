@@ -1,5 +1,6 @@
 """docs/LANGUAGE.md names everything a program may spell: every prelude definition with its
-parameters, and every other spelling of a type (epic/dtypes.py's ALIASES)."""
+parameters, every other spelling of a type (epic/dtypes.py's ALIASES), and every kernel option with
+its values (epic/ir/options.py)."""
 import re
 
 from epic import dtypes
@@ -36,3 +37,14 @@ def test_every_type_alias_is_documented_with_its_type():
     for alias, dt in dtypes.ALIASES.items():
         expected.setdefault(dt.name, set()).add(alias)
     assert documented == expected, "docs/LANGUAGE.md's table of other type spellings differs from dtypes.ALIASES"
+
+
+def test_every_kernel_option_is_in_the_options_table_with_its_values():
+    from epic.ir import options as vocab
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]*) \|", _section("## Kernel options"), re.M))
+    assert set(rows) == set(vocab.ALL_OPTIONS), (
+        f"docs/LANGUAGE.md's kernel options table names {sorted(rows)}, epic/ir/options.py {sorted(vocab.ALL_OPTIONS)}")
+    choices = {**vocab.CHOICE_OPTIONS, **vocab.SEMANTIC_OPTIONS}
+    for key, values in choices.items():
+        listed = {v.strip() for v in rows[key].split(",")}
+        assert listed == {str(v) for v in values}, f"'{key}' lists {sorted(listed)}, epic/ir/options.py accepts {list(values)}"
