@@ -194,3 +194,18 @@ def test_a_gemm_that_uses_the_column_index_refuses_columns_past_float_exactness(
     with pytest.raises(EpicError, match="row index as a float"):
         sizes_mod.check_indexable(rows, {"M": limit + 1, "K": 64, "N": 64})
     sizes_mod.check_indexable(plain, {"M": limit + 1, "K": 64, "N": limit + 1})
+
+
+@pytest.mark.parametrize("option, bad, listed", [
+    ("tile", "96x128x64", "M in 64/128/256, N in 32/64/128/192/256"),
+    ("tile", "128x48x64", "N in 32/64/128/192/256 (32 only for a gemm that stores its accumulator alone"),
+    ("cluster", "4x1", "1x1, 2x1, 1x2 or 2x2"),
+    ("swizzle", "16", "1, 2, 4, 8"),
+    ("splits", "5", "1, 2, 3, 4, 6 or 8 (split-K, cooperative schedule only)"),
+    ("b_major", "m", "b_major=n: the inline B operand [K, N] is row-major"),
+])
+def test_a_bad_kernel_option_value_is_refused_with_the_values_accepted(option, bad, listed):
+    with pytest.raises(EpicError) as e:
+        analyze(f"gemm g(x: bf16[M, K] @ w: bf16[K, N]) with {option}={bad} {{\n  out y: bf16 = acc\n}}\n")
+    (d,) = e.value.diagnostics
+    assert d.code == "E215" and listed in d.message + " | " + (d.hint or ""), (d.message, d.hint)

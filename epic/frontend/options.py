@@ -5,11 +5,20 @@ from __future__ import annotations
 from ..diagnostics import Span, error
 from ..ir import options as vocab
 
-_HINTS = {"tile": "tiles are MxNxK with M in 64/128/256, N in 64/128/192/256, K in 64/128, e.g. tile=128x256x64",
-          "cluster": "clusters are 1x1, 2x1, 1x2 or 2x2",
+
+def _listed(values) -> str:
+    words = [str(v) if not isinstance(v, tuple) else "x".join(map(str, v)) for v in values]
+    return ", ".join(words[:-1]) + " or " + words[-1]
+
+
+# what a refused value of an option is told (else the choices); the lists come from epic/ir/options.py, so
+# that they cannot drift from what it accepts
+_HINTS = {"tile": (f"tiles are MxNxK with M in {'/'.join(map(str, vocab.TILE_M))}, N in "
+                   f"{'/'.join(map(str, vocab.TILE_N))} (32 only for a gemm that stores its accumulator alone or "
+                   f"takes combine=tail), K in {'/'.join(map(str, vocab.TILE_K))}, e.g. tile=128x256x64"),
+          "cluster": f"clusters are {_listed(vocab.CLUSTERS)}",
           "epi_tile": "the epilogue tile is MxN dividing the CTA tile, e.g. epi_tile=128x64",
-          "swizzle": "swizzle is 1, 2, 4 or 8",
-          "splits": "splits is 1, 2, 3, 4, 6 or 8 (split-K, cooperative schedule only), e.g. splits=4",
+          "splits": f"splits is {_listed(vocab.SPLITS)} (split-K, cooperative schedule only), e.g. splits=4",
           "accumulate": "accumulate=f16 (f16 or fp8 operands) or accumulate=f32 (the default)",
           "b_major": "b_major=n: the inline B operand [K, N] is row-major (N contiguous: pass a weight W [K, N] "
                      "as it is); b_major=k (the default): K contiguous (pass an nn.Linear weight [N, K] as W.t())"}
@@ -46,7 +55,7 @@ def parse_value(key: str, text: str, span: Span | None):
         choices = vocab.CHOICE_OPTIONS.get(key) or vocab.SEMANTIC_OPTIONS[key]
         if text not in choices:
             raise error("E215", f"{key} must be one of {', '.join(choices)}, got '{text}'", span,
-                        f"write {key}={choices[0]}; the choices are {', '.join(choices)}")
+                        _HINTS.get(key) or f"write {key}={choices[0]}; the choices are {', '.join(choices)}")
         value = int(text) if key in vocab.INT_OPTIONS else text
     else:
         raise error("E215", f"unknown gemm option '{key}'", span, "options: " + ", ".join(vocab.ALL_OPTIONS))
