@@ -331,6 +331,22 @@ def test_decode_shares_a_block_between_a_clusters_two_ctas():
     assert h.pair_words == 0
 
 
+def test_a_second_split_block_node_in_one_epilogue_is_refused():
+    """The exchange's words carry one node's halves, tagged by tile: a second node would overwrite them
+    under the same tag. No program reaches this today (one block node per gemm), so the guard is called
+    as the two block nodes would call it."""
+    from types import SimpleNamespace
+    from epic.codegen.nodes import custom
+    b = SimpleNamespace(cfg=SimpleNamespace(tile_m=64, tile_n=64), pair_words=0)
+    custom._split_blocks(b, 64)                   # a block the tile holds whole: no exchange
+    assert b.pair_words == 0
+    custom._split_blocks(b, 128)
+    assert b.pair_words == 128
+    with pytest.raises(EpicError) as info:
+        custom._split_blocks(b, 128)
+    assert info.value.codes == ["E702"] and "share the exchange's words" in str(info.value)
+
+
 def test_compile_command_writes_sources(tmp_path, capsys):
     from epic_cli.main import main
     assert main(["compile", str(ROOT / "samples" / "residual_rmsnorm.epi"), "-o", str(tmp_path)]) == 0

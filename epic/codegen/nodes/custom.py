@@ -20,6 +20,7 @@ each, printed into the kernels that use them).
 from __future__ import annotations
 
 from ... import dtypes
+from ...diagnostics import error
 from ...ir import primitives as P
 from ...plan import epilogue as pat
 from .. import functor as fn
@@ -124,9 +125,17 @@ def _block_values_pointer(b, stores: list, note: str) -> tuple[str, str]:
 def _split_blocks(b, block: int) -> None:
     """Split blocks (the tile half a block wide, a 1x2 pingpong cluster: plan/config.py checks the
     configuration): the two CTAs exchange their halves through each other's shared memory, two words
-    per row of the tile (one per consumer warp group) that the mainloop's pipeline keeps."""
-    if b.cfg.tile_n < block:
-        b.pair_words = 2 * b.cfg.tile_m
+    per row of the tile (one per consumer warp group) that the mainloop's pipeline keeps. The words
+    carry one node's halves, tagged by tile only: a second split-block node in the same epilogue would
+    overwrite the first's values under the same tag, so it is refused here (code generation supports
+    one block node per gemm today, so no program reaches this)."""
+    if b.cfg.tile_n >= block:
+        return
+    if b.pair_words:
+        raise error("E702", "two 1xB block statistics split over a 1x2 cluster in one epilogue are not "
+                    "supported by code generation yet (their halves would share the exchange's words)", None,
+                    f"give the gemm tiles at least {block} wide (with tile=...), or compute one of them in a later gemm")
+    b.pair_words = 2 * b.cfg.tile_m
 
 
 # ---------------------------------------------------------------- block statistics scaling a tile
