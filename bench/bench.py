@@ -420,10 +420,10 @@ def gemm_overrides(program, cfg: dict) -> dict:
 
 
 def parse_config(key: str) -> dict:
-    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold|_tail|_kernel][_tiles][_serp|_dyn][_nohint][_a16]'
+    """'coop_128x256x64_c2x1[_direct][_e128x64][_s8][_rn][_k4][_fold|_tail|_kernel][_tiles][_serp|_dyn|_splitlast][_nohint][_a16]'
     -> {'schedule': 'cooperative', 'tile': (128, 256, 64), 'cluster': (2, 1), ...}: aux loads, epilogue tile,
     tile-scheduler swizzle, raster (m or n), split-K count, combine=fold, tail or kernel, trace=tiles,
-    tile_order=serpentine or dynamic, load_hint=none and a_rows (a16: 16). Without the schedule, tile and cluster ('fold', 'rn',
+    tile_order=serpentine, dynamic or split_last, load_hint=none and a_rows (a16: 16). Without the schedule, tile and cluster ('fold', 'rn',
     'rn_s4', 'tiles', 'serp', 'serp_nohint'): the default configuration with those changes ('rm', 'rn', 's4':
     the same built kernel)."""
     parts = key.split("_")
@@ -449,6 +449,8 @@ def parse_config(key: str) -> dict:
             cfg["tile_order"] = "serpentine"
         elif extra == "dyn":
             cfg["tile_order"] = "dynamic"
+        elif extra == "splitlast":
+            cfg["tile_order"] = "split_last"
         elif extra == "nohint":
             cfg["load_hint"] = "none"
         elif extra[0] == "a" and extra[1:].isdigit():

@@ -116,6 +116,18 @@ DYNAMIC_CASES = [("samples/residual_rmsnorm.epi", (8191, 392, 200), {}),
                  ("samples/prenorm_mlp.epi", (8191, 392, 200), {}),
                  ("samples/swiglu.epi", (333, 392, 200), {})]
 
+# tile_order=split_last (the last round's tiles split along K over every CTA): sizes with a last round
+# of fewer tiles than CTAs and at least 32 k-blocks a tile, so that it splits on 132 SMs (and on 78);
+# element-wise, a row statistic with its combine kernel, cross entropy's partials, 1x128 block
+# quantization, SwiGLU's half-width store, a 1x2 cluster, M, N and K ragged
+SPLIT_LAST_CASES = [("samples/bias_gelu.epi", (3001, 1096, 2056), {}),
+                    ("samples/bias_gelu.epi", (3001, 1352, 2056), {"cluster": (1, 2)}),
+                    ("samples/residual_rmsnorm.epi", (3000, 2048, 0), {}),
+                    ("samples/cross_entropy.epi", (3000, 1096, 2048), {}),
+                    ("samples/fp8_block_quant.epi", (3000, 1096, 2048), {}),
+                    ("samples/swiglu.epi", (3000, 2192, 2048), {}),
+                    ("samples/rope.epi", (3000, 1096, 2048), {})]
+
 # The tile an H100's heuristic gives element-wise epilogues that store one tile, and 1xB block
 # quantization (plan/config.py's H100_COOPERATIVE), set explicitly so that any GPU runs it: M and K
 # ragged, N a multiple of 256; fp8 with 1x128 scales, int4 packed

@@ -13,12 +13,13 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from unittest import mock
 
 import epic
 from epic.codegen import emit
 from epic.runtime import build
 
-from .gpu_cases import (CLUSTER_1X2_CASE, DYNAMIC_CASES, H100_TILE, H100_TILE_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES,
+from .gpu_cases import (CLUSTER_1X2_CASE, DYNAMIC_CASES, SPLIT_LAST_CASES, H100_TILE, H100_TILE_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES,
                         PROGRAMS, SERPENTINE_CASES, SHORT_A_CASES, SIZES, SPLIT_BLOCK_CASES, SPLIT_BLOCKS, SPLIT_CASES, TAIL_SIZES, cluster_1x2_config, fold_config, folds,
                         gemm_options, groups_rows, own_size_cases, path, split_k_config, tail_config)
 
@@ -61,6 +62,8 @@ def all_units(only: list[str], training: bool) -> list:
          for name, size, extra in DYNAMIC_CASES] + \
         [(name, table[name](*size), ("options", {"tile_order": "linear", **extra}))
          for name, size, extra in DYNAMIC_CASES] + \
+        [(name, table[name](*size), ("options", {"tile_order": "split_last", **extra}))
+         for name, size, extra in SPLIT_LAST_CASES] + \
         [(name, table[name](*size), ("options", H100_TILE)) for name, size in H100_TILE_CASES] + \
         [(name, table[name](*size), ("options", SPLIT_BLOCKS)) for name, size in SPLIT_BLOCK_CASES] + \
         [(name, table[name](*size), ("options", {"load_hint": "none", **extra}))
@@ -86,8 +89,10 @@ def all_units(only: list[str], training: bool) -> list:
             overrides = ({"split": split_k_config, "fold": fold_config, "cluster": cluster_1x2_config,
                           "tail": tail_config}[variant](prog.program)
                          if variant not in (None, "many_rows") else None)
-        # the device may be an H100 or an H200: both heuristics' kernels
-        units += [u for _, u in emit.units_for_gpus(prog.program, sizes["M"], overrides, sizes)]
+        # the device may be an H100 or an H200: both heuristics' kernels (SPLIT_LAST_CASES ask for the
+        # experimental tile order, which plans only with its switch on, as its GPU tests set it)
+        with mock.patch.dict("os.environ", {"EPIC_SPLIT_LAST": "1"}):
+            units += [u for _, u in emit.units_for_gpus(prog.program, sizes["M"], overrides, sizes)]
     if not only or "bench/programs/plain.epi" in only:
         from . import test_gpu_tile_trace
         units += test_gpu_tile_trace.units()

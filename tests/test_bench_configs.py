@@ -10,6 +10,8 @@ def test_bench_configuration_spelling_of_the_trace_the_tile_order_the_load_hint_
     bench = bench_module("bench")
     assert bench.parse_config("tiles") == {"trace": "tiles"}
     assert bench.parse_config("serp") == {"tile_order": "serpentine"}
+    assert bench.parse_config("ping_128x192x64_c2x1_splitlast") == {
+        "schedule": "pingpong", "tile": (128, 192, 64), "cluster": (2, 1), "tile_order": "split_last"}
     assert bench.parse_config("rn_s8_serp") == {"raster": "n", "swizzle": 8, "tile_order": "serpentine"}
     assert bench.parse_config("serp_nohint") == {"tile_order": "serpentine", "load_hint": "none"}
     assert bench.parse_config("tail") == {"combine": "tail"} and bench.parse_config("fold") == {"combine": "fold"}

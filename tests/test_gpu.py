@@ -29,7 +29,7 @@ from epic.plan import gpus
 
 from .gpu_cases import (BLOCK_EDGE_CASES, CLUSTER_1X2_CASE, DEPENDENT_FIRST_CASES, DETERMINISM_CASES, DYNAMIC_CASES, H100_TILE,
                         H100_TILE_CASES, HF_BLOCK_CASE, MEMCHECK_CASES, LOAD_HINT_CASES, MANY_ROWS_SIZES, PROGRAMS,
-                        QUANT_SIZES, SERPENTINE_CASES, SHORT_A_CASES, SIZES, SPLIT_BLOCK_CASES, SPLIT_BLOCKS,
+                        QUANT_SIZES, SERPENTINE_CASES, SHORT_A_CASES, SIZES, SPLIT_BLOCK_CASES, SPLIT_BLOCKS, SPLIT_LAST_CASES,
                         SPLIT_CASES, TAIL_SIZES,
                         TORCH_COMPILE_CASE, XENT_D, XENT_SIZES, cluster_1x2_config, fold_config, folds, gemm_options,
                         groups_rows, make_inputs, path, split_k_config, tail_config, to_device)
@@ -273,9 +273,15 @@ def test_dynamic_tile_order_leaves_its_counter_ready_for_the_next_call(name, siz
     program = compiled(name).program
     prog = epic.compile(path(name), config=gemm_options(program, {"tile_order": "dynamic", **extra}))
     static = epic.compile(path(name), config=gemm_options(program, {"tile_order": "linear", **extra}))
-    sizes = PROGRAMS[name](*size)
-    inputs = to_device(prog.program, make_inputs(prog.analysis.source_program, sizes, seed_of(name, size, "again")))
-    want = static(keep=True, **inputs)
+    inputs = to_device(prog.program, make_inputs(prog.analysis.source_program, PROGRAMS[name](*size),
+                                                 seed_of(name, size, "again")))
+    _six_calls_write(static(keep=True, **inputs), prog, name, size, inputs, "the static order's kernels")
+
+
+def _six_calls_write(want: dict, prog, name, size, inputs: dict, what: str):
+    """Six calls of prog back to back on one stream, each into poisoned outputs, write want's bytes; a
+    call at other sizes after the third changes nothing (a kernel that leaves state for the next launch
+    fails here)."""
     other = PROGRAMS[name](size[0] // 2 + 1, size[1], size[2])
     for i in range(6):
         if i == 3:
@@ -284,7 +290,34 @@ def test_dynamic_tile_order_leaves_its_counter_ready_for_the_next_call(name, siz
         torch.cuda.synchronize()
         for t, x in want.items():
             assert torch.equal(x.reshape(-1).view(torch.uint8), got[t].reshape(-1).view(torch.uint8)), \
-                f"{name}: call {i + 1} wrote other bytes into {t} than the static order's kernels"
+                f"{name}: call {i + 1} wrote other bytes into {t} than {what}"
+
+
+@pytest.mark.parametrize("name, size, extra", SPLIT_LAST_CASES, ids=_ids(SPLIT_LAST_CASES))
+def test_a_last_round_split_along_k_matches_reference(name, size, extra, monkeypatch):
+    """tile_order=split_last: the CTAs with no tile left in the last round compute partial sums of its
+    tiles' k-blocks, which each tile's final piece adds before its epilogue. Against the reference, at
+    ragged sizes, into poisoned outputs (a piece whose epilogue ran twice or never shows)."""
+    monkeypatch.setenv("EPIC_SPLIT_LAST", "1")
+    config = gemm_options(compiled(name).program, {"tile_order": "split_last", **extra})
+    prog = epic.compile(path(name), config=config)
+    assert all(c.tile_order == "split_last" for c in prog.plan(PROGRAMS[name](*size)).configs.values())
+    _check_against_reference(prog, name, size)
+
+
+@pytest.mark.parametrize("name, size, extra", SPLIT_LAST_CASES[:2], ids=_ids(SPLIT_LAST_CASES[:2]))
+def test_a_last_round_split_along_k_leaves_its_counters_ready_for_the_next_call(name, size, extra, monkeypatch):
+    """Each final piece sets its tile's counter back to zero: six calls back to back on one stream, each
+    into poisoned outputs, give the first call's bytes (the partial sums are added in one order, so the
+    split is deterministic), and a call at other sizes between them (other pieces on the same counters)
+    changes nothing. A counter left raised would let a final piece read partial sums not yet stored."""
+    monkeypatch.setenv("EPIC_SPLIT_LAST", "1")
+    program = compiled(name).program
+    prog = epic.compile(path(name), config=gemm_options(program, {"tile_order": "split_last", **extra}))
+    inputs = to_device(prog.program, make_inputs(prog.analysis.source_program, PROGRAMS[name](*size),
+                                                 seed_of(name, size, "again")))
+    first = {t: x.clone() for t, x in prog(poison=True, keep=True, **inputs).items()}
+    _six_calls_write(first, prog, name, size, inputs, "the first call")
 
 
 @pytest.mark.parametrize("name, size, extra", LOAD_HINT_CASES, ids=_ids(LOAD_HINT_CASES))

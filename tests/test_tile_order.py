@@ -150,9 +150,10 @@ def test_serpentine_in_the_file_and_refused_with_split_k():
         planned_plain("tile_order=serpentine", SIZES, {"g": {"splits": 2}})
     assert info.value.codes == ["E216"] and "stream-K scheduler, which keeps its own order" in str(info.value)
     error = diagnose("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile_order=zigzag {\n  out y: bf16 = acc\n}\n")
-    assert "linear, serpentine, dynamic" in str(error) or "linear, serpentine or dynamic" in str(error)
+    assert "linear, serpentine, dynamic, split_last" in str(error) or \
+        "linear, serpentine, dynamic or split_last" in str(error)
     assert plan_config.problems(plan_config.KernelConfig("pingpong", (128, 128, 64), tile_order="zigzag")) == [
-        "tile_order must be one of linear, serpentine, dynamic"]
+        "tile_order must be one of linear, serpentine, dynamic, split_last"]
 
 
 def test_dynamic_plans_in_the_file_and_per_call():
@@ -181,3 +182,67 @@ def test_dynamic_names_its_kernel_and_takes_a_counter_from_the_library():
     with pytest.raises(EpicError) as info:
         planned_plain("tile_order=dynamic", SIZES, {"g": {"splits": 2}})
     assert info.value.codes == ["E216"] and "stream-K scheduler, which keeps its own order" in str(info.value)
+
+
+def test_split_last_is_refused_until_its_switch_is_on(monkeypatch):
+    """Until its GPU tests pass, tile_order=split_last is E216 naming the switch, in the file and per call."""
+    monkeypatch.delenv(plan_config.SPLIT_LAST_GATE, raising=False)
+    for options, override in (("tile_order=split_last", None), ("tile=128x128x64", {"g": {"tile_order": "split_last"}})):
+        with pytest.raises(EpicError) as info:
+            planned_plain(options, SIZES, override)
+        assert info.value.codes == ["E216"] and "EPIC_SPLIT_LAST=1" in str(info.value)
+    monkeypatch.setenv(plan_config.SPLIT_LAST_GATE, "0")
+    with pytest.raises(EpicError):
+        planned_plain("tile_order=split_last", SIZES)
+    monkeypatch.setenv(plan_config.SPLIT_LAST_GATE, "1")
+    assert planned_plain("tile_order=split_last", SIZES)[1].tile_order == "split_last"
+
+
+def test_split_last_names_its_kernel_and_takes_its_partial_slots_and_counters_from_the_library(monkeypatch):
+    """tile_order=split_last: the kernel body of epic's own over CUTLASS's pingpong kernel, the scheduler's
+    tag, and two more launch pointers (null from the caller, the library's per-stream scratch in their
+    place: a tile of float accumulators for each of at most 144 CTAs, a counter each) set as the
+    scheduler's arguments. The default kernel's text does not change."""
+    monkeypatch.setenv(plan_config.SPLIT_LAST_GATE, "1")
+    prog = pipeline.analyze(str(PLAIN)).program
+    [(base_spec, base)] = emit.units(prog, emit.kernel_configs(prog, 8192, None, SIZES))
+    [(spec, split)] = emit.units(prog, emit.kernel_configs(prog, 8192, {"plain": {"tile_order": "split_last"}}, SIZES))
+    assert split.name == base.name + "_splitlast" and str(spec.config).endswith(" tile_order=split_last")
+    assert "SplitLastRound" not in base.source and "GemmKernelBase" not in base.source
+    lines = [line.strip() for line in split.source.splitlines()]
+    assert "epic_scheduler::SplitLastRoundPersistentScheduler>;" in lines
+    assert "using GemmKernel = epic_kernel_split::SplitLastRoundKernel<GemmKernelBase>;" in lines
+    assert len(spec.pointers) == len(base_spec.pointers) + 2 and [p.tensor for p in spec.pointers[-2:]] == ["", ""]
+    slots, counts = len(spec.pointers) - 2, len(spec.pointers) - 1
+    tile = spec.config.tile[0] * spec.config.tile[1]
+    assert f"args.scheduler.partials = static_cast<float*>(p[{slots}]);   // tile_order=split_last" in lines
+    assert f"args.scheduler.counts = static_cast<uint32_t*>(p[{counts}]);" in lines
+    assert f"with_scratch[{slots}] = epic_nodes::stream_scratch(dev, st, {slots}, size_t({144 * tile * 4}));" in lines
+    assert f"with_scratch[{counts}] = epic_nodes::stream_scratch(dev, st, {counts}, size_t({144 * 4}));" in lines
+    # the scratch holds as many CTAs as the kernel splits for (a larger grid runs whole tiles)
+    header = (ROOT / "templates" / "nodes" / "epic_nodes" / "split_last_round.hpp").read_text()
+    assert f"constexpr uint32_t kSplitMaxCtas = {plan_config.SPLIT_MAX_CTAS};" in header
+    assert f"constexpr uint32_t kSplitMinShare = {plan_config.SPLIT_MIN_SHARE};" in header
+
+
+def test_split_last_plans_in_the_file_and_is_refused_where_its_kernel_does_not_run(monkeypatch):
+    """split_last is an option a file or a call sets (no heuristic picks it); its kernel is CUTLASS's
+    pingpong kernel with epic's body, so the cooperative schedule, split-K, a short box of A and the
+    tile trace are refused with what to change."""
+    monkeypatch.setenv(plan_config.SPLIT_LAST_GATE, "1")
+    _, cfg = planned_plain("tile_order=split_last", SIZES)
+    assert cfg.tile_order == "split_last" and cfg.key().endswith("_splitlast")
+    assert planned_plain("tile=128x128x64", SIZES, {"g": {"tile_order": "split_last"}})[1].tile_order == "split_last"
+    assert planned_plain("tile=128x128x64", SIZES)[1].tile_order == "linear"
+    # a decode call has one round of tiles: its plan adds no short box of A (a_rows), which the split's
+    # kernel body was not checked with
+    assert planned_plain("tile_order=split_last", {**SIZES, "M": 16})[1].a_rows == 0
+    for extra, words in (({"schedule": "cooperative", "tile": (128, 256, 64)}, "needs the pingpong schedule"),
+                         ({"schedule": "cooperative", "tile": (128, 256, 64), "splits": 2},
+                          "stream-K scheduler, which keeps its own order"),
+                         ({"trace": "tiles"}, "tile_order=split_last has epic's own")):
+        with pytest.raises(EpicError) as info:
+            planned_plain("tile_order=split_last", SIZES, {"g": extra})
+        assert info.value.codes == ["E216"] and words in str(info.value), extra
+    assert any("a_rows=16 was not checked with it" in p for p in plan_config.problems(
+        plan_config.KernelConfig("pingpong", (64, 64, 64), tile_order="split_last", a_rows=16)))

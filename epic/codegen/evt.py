@@ -22,7 +22,7 @@ from fractions import Fraction
 from .. import dtypes
 from ..ir import operands, primitives as P
 from ..ir.core import GemmKernel, Program, Value
-from ..plan.config import KernelConfig
+from ..plan.config import SPLIT_MAX_CTAS, KernelConfig
 from ..shapes import Kind
 from . import functor as fn
 from .cxx import identifier
@@ -68,6 +68,12 @@ class KernelSpec:
         return next((f"p[{i}]" for i, p in enumerate(self.pointers) if p.role == "tile_counter"), None)
 
     @property
+    def split_scratch(self) -> tuple[str, str] | None:
+        """tile_order=split_last: the C++ expressions of the partial slots' and counters' launch pointers."""
+        roles = {p.role: f"p[{i}]" for i, p in enumerate(self.pointers)}
+        return (roles["split_partials"], roles["split_counts"]) if "split_partials" in roles else None
+
+    @property
     def schedule_types(self) -> tuple[str, str]:
         if self.config.schedule == "cooperative":
             return ("cutlass::gemm::KernelTmaWarpSpecializedCooperative",
@@ -86,6 +92,8 @@ class KernelSpec:
             return "epic_scheduler::SerpentinePersistentScheduler"
         if self.config.tile_order == "dynamic":
             return "epic_scheduler::DynamicPersistentScheduler"
+        if self.config.tile_order == "split_last":
+            return "epic_scheduler::SplitLastRoundPersistentScheduler"
         return "epic_scheduler::GroupedPersistentScheduler"
 
     @property
@@ -127,6 +135,7 @@ class KernelSpec:
                 + (["epic_nodes/tile_trace.hpp"] if self.config.trace == "tiles" else [])
                 + (["epic_nodes/serpentine_tile_scheduler.hpp"] if self.config.tile_order == "serpentine" else [])
                 + (["epic_nodes/dynamic_tile_scheduler.hpp"] if self.config.tile_order == "dynamic" else [])
+                + (["epic_nodes/split_last_round.hpp"] if self.config.tile_order == "split_last" else [])
                 + (["epic_nodes/short_a_mainloop.hpp"] if self.config.a_rows else
                    ["epic_nodes/unhinted_loads_mainloop.hpp"] if self.config.load_hint == "none" else [])
                 + (["epic_nodes/pair_slots_mainloop.hpp"] if self.pair_words else []))
@@ -284,6 +293,14 @@ class Builder:
         if cfg.tile_order == "dynamic":
             self.scratch_pointer("tile_counter", "4", "null: the library's own per-stream tile counter "
                                  "(tile_order=dynamic)")
+        if cfg.tile_order == "split_last":
+            # one tile of float accumulators per CTA (at most kSplitMaxCtas, split_last_round.hpp) and a
+            # counter each; the accumulators' slots need not start at zero (each is written before it is read)
+            tile_bytes = cfg.tile[0] * cfg.tile[1] * 4
+            self.scratch_pointer("split_partials", str(SPLIT_MAX_CTAS * tile_bytes), "null: the library's own "
+                                 "per-stream partial accumulators of the last round's split tiles (tile_order=split_last)")
+            self.scratch_pointer("split_counts", str(SPLIT_MAX_CTAS * 4), "null: the library's own per-stream "
+                                 "counters of the last round's split tiles (tile_order=split_last)")
         aux = self.aux_elements[0] if self.aux_elements else dtypes.BF16.cutlass
         return KernelSpec(
             name=k.name, symbol=identifier(k.name), config=cfg,

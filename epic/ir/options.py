@@ -26,8 +26,10 @@ TRACES = ("off", "tiles")
 # starts where the one before ended, on operands still in L2 (as QuACK's sm90 scheduler;
 # templates/nodes/epic_nodes/serpentine_tile_scheduler.hpp); or dynamic, CUTLASS's order handed out at
 # run time, each cluster taking the next tile from a counter when it needs one
-# (templates/nodes/epic_nodes/dynamic_tile_scheduler.hpp). Built into the kernel.
-TILE_ORDERS = ("linear", "serpentine", "dynamic")
+# (templates/nodes/epic_nodes/dynamic_tile_scheduler.hpp); or split_last, CUTLASS's order with the last
+# round of tiles split along K over every CTA, so that those with no tile left share its k-blocks
+# (pingpong only; templates/nodes/epic_nodes/split_last_round.hpp). Built into the kernel.
+TILE_ORDERS = ("linear", "serpentine", "dynamic", "split_last")
 # the L2 cache policy the mainloop's TMA loads of A and B carry: CUTLASS's EVICT_NORMAL operand, or none
 # (QuACK's sm90 loads: SASS `desc[URZ]`; templates/nodes/epic_nodes/unhinted_loads_mainloop.hpp).
 # Built into the kernel.
@@ -103,6 +105,13 @@ def combination_problems(schedule: str, tile: tuple[int, int, int], epi_tile: tu
     if load_hint != "evict_normal" and splits > 1:
         out.append(f"load_hint={load_hint} changes the persistent kernels' mainloop; the split-K kernel "
                    f"(splits={splits}) keeps CUTLASS's")
+    if tile_order == "split_last" and schedule != "pingpong":
+        out.append("tile_order=split_last needs the pingpong schedule (its kernel is CUTLASS's pingpong with "
+                   "the last round's tiles split along K)")
+    if tile_order == "split_last" and a_rows:
+        out.append(f"tile_order=split_last keeps CUTLASS's loads of A; a_rows={a_rows} was not checked with it")
+    if tile_order == "split_last" and trace != "off":
+        out.append(f"trace={trace} records CUTLASS's kernel body; tile_order=split_last has epic's own")
     if splits > 1 and combine == "fold":
         out.append(f"combine=fold does not work with splits={splits} (the split-K scheduler's epilogue is not "
                    "the one that merges a row block); use combine=kernel")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .. import envflags
 from ..diagnostics import error
 from ..ir import operands
 from ..ir import options as vocab
@@ -76,6 +77,7 @@ class KernelConfig:
     # the persistent scheduler's tile order: "linear" (CUTLASS's), "serpentine" (every odd group of
     # the swizzle walked backwards; templates/nodes/epic_nodes/serpentine_tile_scheduler.hpp) or
     # "dynamic" (CUTLASS's order, each tile to the cluster that asks first; dynamic_tile_scheduler.hpp)
+    # or "split_last" (CUTLASS's order, the last round's tiles split along K; split_last_round.hpp)
     tile_order: str = "linear"
     # the L2 policy of the mainloop's TMA loads: "evict_normal" (CUTLASS's) or "none" (no policy operand;
     # templates/nodes/epic_nodes/unhinted_loads_mainloop.hpp)
@@ -127,12 +129,19 @@ class KernelConfig:
                 + (f"_{self.trace}" if self.trace != "off" else "")
                 + ("_serp" if self.tile_order == "serpentine" else "")
                 + ("_dyn" if self.tile_order == "dynamic" else "")
+                + ("_splitlast" if self.tile_order == "split_last" else "")
                 + ("_nohint" if self.load_hint == "none" else "")
                 + (f"_a{self.a_rows}" if self.a_rows else ""))
 
     @property
     def split_k(self) -> bool:
         return self.splits > 1
+
+
+# tile_order=split_last builds only with this switch on until its GPU tests pass (tests/test_gpu.py -k
+# last_round): its kernel body is epic's own, and a final piece that waits for a partial one that never
+# comes would hang the GPU
+SPLIT_LAST_GATE = "EPIC_SPLIT_LAST"
 
 
 def problems(cfg: KernelConfig) -> list[str]:
@@ -153,6 +162,9 @@ def problems(cfg: KernelConfig) -> list[str]:
         out.append(f"trace must be one of {', '.join(vocab.TRACES)}")
     if cfg.tile_order not in vocab.TILE_ORDERS:
         out.append(f"tile_order must be one of {', '.join(vocab.TILE_ORDERS)}")
+    elif cfg.tile_order == "split_last" and not envflags.enabled(SPLIT_LAST_GATE):
+        out.append(f"tile_order=split_last is experimental: its kernel has not run on a GPU yet (docs/PERFORMANCE.md, "
+                   f"'The last round of tiles'); set {SPLIT_LAST_GATE}=1 to build it anyway")
     if cfg.load_hint not in vocab.LOAD_HINTS:
         out.append(f"load_hint must be one of {', '.join(vocab.LOAD_HINTS)}")
     return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits, cfg.combine,
@@ -484,6 +496,29 @@ class Rounds:
                 f"{self.last} of {self.grid} busy (tile slots idle: {self.idle:.1%})")
 
 
+# tile_order=split_last's kernel (templates/nodes/epic_nodes/split_last_round.hpp and last_round_plan.hpp):
+# a cluster's share of the last round must be this many k-blocks, and its scratch holds this many CTAs
+SPLIT_MIN_SHARE = 4
+SPLIT_MAX_CTAS = 144
+
+
+def last_round_split(cfg: KernelConfig, m: int, n: int, depth: int, sms: int = SMS) -> str | None:
+    """What tile_order=split_last does with the last round of cfg's kernel at m x n x depth on `sms` SMs
+    (the rule of last_round_plan.hpp's LastRoundPlan::make), in words; None where it splits nothing."""
+    if cfg.tile_order != "split_last" or cfg.split_k or cfg.vendor:
+        return None
+    r = rounds(cfg, m, n, sms)
+    cs = cfg.cluster[0] * cfg.cluster[1]
+    left = (r.scheduled % r.grid) // cs
+    k_blocks = -(-depth // cfg.tile[2])
+    clusters = r.grid // cs
+    if r.grid > SPLIT_MAX_CTAS or left == 0 or left * k_blocks < SPLIT_MIN_SHARE * clusters:
+        return None
+    share = left * k_blocks / clusters
+    return (f"the last round's {left * cs} tiles split along K over all {r.grid} CTAs (tile_order=split_last): "
+            f"{share:.1f} of a tile's {k_blocks} k-blocks each")
+
+
 def rounds(cfg: KernelConfig, m: int, n: int, sms: int = SMS) -> Rounds:
     """The tile rounds of cfg's persistent kernel at m x n on `sms` SMs (split-K: one unit per split of
     a tile, CUTLASS's stream-K scheduler, padding not modelled)."""
@@ -493,8 +528,20 @@ def rounds(cfg: KernelConfig, m: int, n: int, sms: int = SMS) -> Rounds:
         scheduled = real
     else:
         scheduled = padded_tiles(cfg, m, n, cfg.swizzle)
-    grid = min(scheduled, sms // (cm * cn) * (cm * cn))
+    grid = min(scheduled, persistent_ctas(sms, cm * cn))
     return Rounds(real, scheduled, grid)
+
+
+def persistent_ctas(sms: int, cluster_size: int) -> int:
+    """The CTAs CUTLASS's sm90 persistent scheduler launches for clusters of this size (its
+    get_grid_shape without an occupancy query): GPCs of at most 18 SMs, each filled with whole clusters,
+    so 132 SMs take 132 CTAs in clusters of 1 or 2 and 116 in clusters of 4."""
+    if cluster_size == 1:
+        return sms
+    per_gpc = 18
+    gpcs, residual = (1, 0) if sms < per_gpc else divmod(sms, per_gpc)
+    ctas = gpcs * (per_gpc - per_gpc % cluster_size) + residual - residual % cluster_size
+    return min(sms, ctas)
 
 
 def fitting_order(cfg: KernelConfig, m: int, n: int, raster_fixed: bool = False) -> tuple[int, str]:
@@ -527,8 +574,8 @@ SHORT_A = 32
 
 def short_a_rows(cfg: KernelConfig, m: int) -> int:
     """The heuristic's a_rows for a call of m rows on cfg (0: the tile's rows)."""
-    if cfg.split_k or cfg.vendor or not 0 < m <= SHORT_A:
-        return 0
+    if cfg.split_k or cfg.vendor or cfg.tile_order == "split_last" or not 0 < m <= SHORT_A:
+        return 0          # (split_last: a decode call has one round of tiles, nothing to split)
     rows = next(r for r in vocab.A_ROWS if r and m <= r)
     return 0 if vocab.short_a_problems(rows, cfg.schedule, cfg.tile_m, cfg.cluster) else rows
 

@@ -191,6 +191,9 @@ def render(plan: Plan, source: Program) -> str:
             if not step.config.vendor:
                 n = sizes_mod.evaluate(k.n, plan.sizes)
                 out.append(f"       {config_mod.rounds(step.config, rows, n).describe()}")
+                split = config_mod.last_round_split(step.config, rows, n, sizes_mod.evaluate(k.k, plan.sizes))
+                if split:
+                    out.append(f"       {split}")
                 if step.config.a_rows:
                     out.append(f"       loads {step.config.a_rows} of each tile's {step.config.tile_m} rows of {k.a} "
                                f"(a_rows={step.config.a_rows}: calls of at most {step.config.a_rows} rows)")
