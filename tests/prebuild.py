@@ -13,7 +13,6 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from unittest import mock
 
 import epic
 from epic.codegen import emit
@@ -70,7 +69,7 @@ def all_units(only: list[str], training: bool) -> list:
          for name, size, extra in LOAD_HINT_CASES] + \
         [(name, table[name](*size), ("options", {"load_hint": "evict_normal", **extra}))
          for name, size, extra in LOAD_HINT_CASES] + \
-        [(name, table[name](*size), ("options", extra)) for name, size, extra in SHORT_A_CASES if extra] + \
+        [(name, table[name](*size), ("options", extra) if extra else None) for name, size, extra in SHORT_A_CASES] + \
         [(name, table[name](*size), ("options", {**extra, "a_rows": 0})) for name, size, extra in SHORT_A_CASES] + \
         [(name, sizes, None) for name, sizes in own_size_cases()]        # tests with sizes of their own
     programs = {}
@@ -89,10 +88,8 @@ def all_units(only: list[str], training: bool) -> list:
             overrides = ({"split": split_k_config, "fold": fold_config, "cluster": cluster_1x2_config,
                           "tail": tail_config}[variant](prog.program)
                          if variant not in (None, "many_rows") else None)
-        # the device may be an H100 or an H200: both heuristics' kernels (SPLIT_LAST_CASES ask for the
-        # experimental tile order, which plans only with its switch on, as its GPU tests set it)
-        with mock.patch.dict("os.environ", {"EPIC_SPLIT_LAST": "1"}):
-            units += [u for _, u in emit.units_for_gpus(prog.program, sizes["M"], overrides, sizes)]
+        # the device may be an H100 or an H200: both heuristics' kernels
+        units += [u for _, u in emit.units_for_gpus(prog.program, sizes["M"], overrides, sizes)]
     if not only or "bench/programs/plain.epi" in only:
         from . import test_gpu_tile_trace
         units += test_gpu_tile_trace.units()

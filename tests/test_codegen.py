@@ -505,7 +505,6 @@ def test_nvcc_builds_a_split_last_kernel(tmp_path, monkeypatch):
     """tile_order=split_last's kernel body (epic_nodes/split_last_round.hpp over CUTLASS's pingpong
     GemmUniversal: its pipelines, order barriers and collectives driven per work unit) compiles, and the
     library takes the partial slots and counters as two more pointers that the caller passes as null."""
-    monkeypatch.setenv("EPIC_SPLIT_LAST", "1")
     spec, lib = _build_plain(tmp_path, monkeypatch, {"tile_order": "split_last"}, dict(M=8192, K=4096, N=4096))
     assert lib.info["kernel"] == spec.name and lib.info["config"] == "ping_128x128x64_c2x1_splitlast"
     assert [(p.role, p.tensor) for p in spec.pointers][-2:] == [("split_partials", ""), ("split_counts", "")]

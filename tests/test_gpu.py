@@ -294,11 +294,10 @@ def _six_calls_write(want: dict, prog, name, size, inputs: dict, what: str):
 
 
 @pytest.mark.parametrize("name, size, extra", SPLIT_LAST_CASES, ids=_ids(SPLIT_LAST_CASES))
-def test_a_last_round_split_along_k_matches_reference(name, size, extra, monkeypatch):
+def test_a_last_round_split_along_k_matches_reference(name, size, extra):
     """tile_order=split_last: the CTAs with no tile left in the last round compute partial sums of its
     tiles' k-blocks, which each tile's final piece adds before its epilogue. Against the reference, at
     ragged sizes, into poisoned outputs (a piece whose epilogue ran twice or never shows)."""
-    monkeypatch.setenv("EPIC_SPLIT_LAST", "1")
     config = gemm_options(compiled(name).program, {"tile_order": "split_last", **extra})
     prog = epic.compile(path(name), config=config)
     assert all(c.tile_order == "split_last" for c in prog.plan(PROGRAMS[name](*size)).configs.values())
@@ -306,12 +305,11 @@ def test_a_last_round_split_along_k_matches_reference(name, size, extra, monkeyp
 
 
 @pytest.mark.parametrize("name, size, extra", SPLIT_LAST_CASES[:2], ids=_ids(SPLIT_LAST_CASES[:2]))
-def test_a_last_round_split_along_k_leaves_its_counters_ready_for_the_next_call(name, size, extra, monkeypatch):
+def test_a_last_round_split_along_k_leaves_its_counters_ready_for_the_next_call(name, size, extra):
     """Each final piece sets its tile's counter back to zero: six calls back to back on one stream, each
     into poisoned outputs, give the first call's bytes (the partial sums are added in one order, so the
     split is deterministic), and a call at other sizes between them (other pieces on the same counters)
     changes nothing. A counter left raised would let a final piece read partial sums not yet stored."""
-    monkeypatch.setenv("EPIC_SPLIT_LAST", "1")
     program = compiled(name).program
     prog = epic.compile(path(name), config=gemm_options(program, {"tile_order": "split_last", **extra}))
     inputs = to_device(prog.program, make_inputs(prog.analysis.source_program, PROGRAMS[name](*size),

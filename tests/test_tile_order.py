@@ -184,26 +184,11 @@ def test_dynamic_names_its_kernel_and_takes_a_counter_from_the_library():
     assert info.value.codes == ["E216"] and "stream-K scheduler, which keeps its own order" in str(info.value)
 
 
-def test_split_last_is_refused_until_its_switch_is_on(monkeypatch):
-    """Until its GPU tests pass, tile_order=split_last is E216 naming the switch, in the file and per call."""
-    monkeypatch.delenv(plan_config.SPLIT_LAST_GATE, raising=False)
-    for options, override in (("tile_order=split_last", None), ("tile=128x128x64", {"g": {"tile_order": "split_last"}})):
-        with pytest.raises(EpicError) as info:
-            planned_plain(options, SIZES, override)
-        assert info.value.codes == ["E216"] and "EPIC_SPLIT_LAST=1" in str(info.value)
-    monkeypatch.setenv(plan_config.SPLIT_LAST_GATE, "0")
-    with pytest.raises(EpicError):
-        planned_plain("tile_order=split_last", SIZES)
-    monkeypatch.setenv(plan_config.SPLIT_LAST_GATE, "1")
-    assert planned_plain("tile_order=split_last", SIZES)[1].tile_order == "split_last"
-
-
-def test_split_last_names_its_kernel_and_takes_its_partial_slots_and_counters_from_the_library(monkeypatch):
+def test_split_last_names_its_kernel_and_takes_its_partial_slots_and_counters_from_the_library():
     """tile_order=split_last: the kernel body of epic's own over CUTLASS's pingpong kernel, the scheduler's
     tag, and two more launch pointers (null from the caller, the library's per-stream scratch in their
     place: a tile of float accumulators for each of at most 144 CTAs, a counter each) set as the
     scheduler's arguments. The default kernel's text does not change."""
-    monkeypatch.setenv(plan_config.SPLIT_LAST_GATE, "1")
     prog = pipeline.analyze(str(PLAIN)).program
     [(base_spec, base)] = emit.units(prog, emit.kernel_configs(prog, 8192, None, SIZES))
     [(spec, split)] = emit.units(prog, emit.kernel_configs(prog, 8192, {"plain": {"tile_order": "split_last"}}, SIZES))
@@ -225,11 +210,11 @@ def test_split_last_names_its_kernel_and_takes_its_partial_slots_and_counters_fr
     assert f"constexpr uint32_t kSplitMinShare = {plan_config.SPLIT_MIN_SHARE};" in header
 
 
-def test_split_last_plans_in_the_file_and_is_refused_where_its_kernel_does_not_run(monkeypatch):
-    """split_last is an option a file or a call sets (no heuristic picks it); its kernel is CUTLASS's
+def test_split_last_plans_in_the_file_and_is_refused_where_its_kernel_does_not_run():
+    """split_last passed its GPU tests (bench/results/2026-12-08-h100-gpu-suite-split-last.log): an option a
+    file or a call sets with no switch (no heuristic picks it, none has timed it yet); its kernel is CUTLASS's
     pingpong kernel with epic's body, so the cooperative schedule, split-K, a short box of A and the
     tile trace are refused with what to change."""
-    monkeypatch.setenv(plan_config.SPLIT_LAST_GATE, "1")
     _, cfg = planned_plain("tile_order=split_last", SIZES)
     assert cfg.tile_order == "split_last" and cfg.key().endswith("_splitlast")
     assert planned_plain("tile=128x128x64", SIZES, {"g": {"tile_order": "split_last"}})[1].tile_order == "split_last"

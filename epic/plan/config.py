@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .. import envflags
 from ..diagnostics import error
 from ..ir import operands
 from ..ir import options as vocab
@@ -138,12 +137,6 @@ class KernelConfig:
         return self.splits > 1
 
 
-# tile_order=split_last builds only with this switch on until its GPU tests pass (tests/test_gpu.py -k
-# last_round): its kernel body is epic's own, and a final piece that waits for a partial one that never
-# comes would hang the GPU
-SPLIT_LAST_GATE = "EPIC_SPLIT_LAST"
-
-
 def problems(cfg: KernelConfig) -> list[str]:
     if cfg.backend not in BACKENDS:
         return [f"backend must be one of {', '.join(BACKENDS)}"]
@@ -162,9 +155,6 @@ def problems(cfg: KernelConfig) -> list[str]:
         out.append(f"trace must be one of {', '.join(vocab.TRACES)}")
     if cfg.tile_order not in vocab.TILE_ORDERS:
         out.append(f"tile_order must be one of {', '.join(vocab.TILE_ORDERS)}")
-    elif cfg.tile_order == "split_last" and not envflags.enabled(SPLIT_LAST_GATE):
-        out.append(f"tile_order=split_last is experimental: its kernel has not run on a GPU yet (docs/PERFORMANCE.md, "
-                   f"'The last round of tiles'); set {SPLIT_LAST_GATE}=1 to build it anyway")
     if cfg.load_hint not in vocab.LOAD_HINTS:
         out.append(f"load_hint must be one of {', '.join(vocab.LOAD_HINTS)}")
     return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits, cfg.combine,
