@@ -70,6 +70,30 @@ def test_an_override_recreates_a_serpentine_configuration():
     assert planner.make_plan(prog.program, sizes, {k.name: space.override(cfg)}).configs[k.name] == cfg
 
 
+@pytest.mark.parametrize("path,sizes,splits", [
+    (str(ROOT / "samples" / "bias_gelu.epi"), dict(M=8192, K=4096, N=14336), True),    # 36.4 rounds on 132 CTAs
+    (RESID, dict(M=8192, D=4096), True),
+    (str(ROOT / "samples" / "bias_gelu.epi"), dict(M=64, K=4096, N=4096), False),      # one round: nothing to split
+    (str(ROOT / "samples" / "bias_gelu.epi"), dict(M=8192, K=64, N=14336), False),     # 1 k-block per tile
+])
+def test_split_last_is_tried_where_the_last_round_of_tiles_splits(path, sizes, splits):
+    """tile_order=split_last is timed, not assumed: a candidate of the heuristic's kernel wherever its
+    last round would split along K, and nowhere else."""
+    prog, k = gemm(path)
+    m, n, depth = sizes["M"], planner.sizes_mod.evaluate(k.n, sizes), planner.sizes_mod.evaluate(k.k, sizes)
+    found = space.candidates(k, prog.program.tensors, m, n, depth=depth, program=prog.program)
+    split = [c for c in found if c.tile_order == "split_last"]
+    assert len(split) == int(splits), [str(c) for c in found]
+    assert found[0].tile_order == "linear"                     # the plan never picks it
+    for cfg in split:
+        assert replace(cfg, tile_order="linear") == found[0]   # the heuristic's kernel, its last round split
+        assert config_mod.last_round_split(cfg, m, n, depth)
+        assert planner.make_plan(prog.program, sizes, {k.name: space.override(cfg)}).configs[k.name] == cfg
+    # without the depth the tuner cannot tell whether it splits, and does not try it
+    assert not [c for c in space.candidates(k, prog.program.tensors, m, n, program=prog.program)
+                if c.tile_order == "split_last"]
+
+
 def test_the_best_two_are_also_tried_with_the_other_swizzle_and_raster_orders():
     prog, k = gemm(str(ROOT / "samples" / "bias_gelu.epi"))
     found = space.candidates(k, prog.program.tensors, 8192, 14336, limit=3)

@@ -7,7 +7,8 @@ matrix (ragged edges), the fraction of the last wave's SMs that have work, and t
 reuse (a 128x256 tile loads 3/8 of the bytes per flop a 64x64 one does). Launch-time options
 (swizzle, raster) do not change the built kernel; they are tried on the best tiles only, and so are
 explicit epilogue tiles (wider subtiles: fewer epilogue iterations for more shared memory), and so is
-the other K depth (64 or 128: the heuristic takes 128 only for decode grids of many tiles). Where the
+the other K depth (64 or 128: the heuristic takes 128 only for decode grids of many tiles), and so is
+tile_order=split_last where the last round of tiles would split along K (the plan never picks it). Where the
 output tiles cannot fill half the SMs (decode), split-K is tried on cooperative 128-row tiles: the
 split count that comes closest to one full wave. The vendor's gemm (cuBLAS) is a candidate of every
 gemm it can run (plan/backend.py).
@@ -71,7 +72,8 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6,
     best tiles (the cost model cannot tell clusters apart) -- then the first two with swizzles 1 and 8
     (the heuristic's may lie between) and the other raster orders (along M, along N, CUTLASS's
     heuristic), the heuristic's tile with wider epilogue subtiles, and split-K where the tiles leave
-    most SMs idle; and the heuristic's tile at the other K depth. gpu: the key of the GPU whose
+    most SMs idle; and the heuristic's tile at the other K depth, and with tile_order=split_last where
+    its last round of tiles splits (depth needed). gpu: the key of the GPU whose
     heuristic comes first (plan/gpus.py). program (the kernel's): where the plan's heuristic takes
     combine=tail (plan/tail.py), that configuration comes first, the rest with the combine kernel;
     where it does not but the gemm can take the tail, the tail's configuration comes last."""
@@ -119,6 +121,9 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6,
         cfg = None
     if cfg is not None and all(c.key() != cfg.key() for c in out):
         out.append(cfg)
+    cfg = split_last(kernel, tensors, first, m, n, depth, gpu)
+    if cfg is not None and all(c.key() != cfg.key() for c in out):
+        out.append(cfg)
     out += split_k(kernel, tensors, m, n)
     if program is not None and not heuristic.vendor:
         planned = tail.by_heuristic(program, {kernel.name: first}, {kernel.name: m}, {kernel.name: n}, None,
@@ -132,6 +137,22 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6,
             if all(c != cfg for c in out):
                 out.append(cfg)
     return vendor + out if heuristic.vendor else out[:1] + vendor + out[1:]
+
+
+def split_last(kernel, tensors: dict, first: config_mod.KernelConfig, m: int, n: int, depth: int | None,
+               gpu: str | None = None) -> config_mod.KernelConfig | None:
+    """The heuristic's configuration with tile_order=split_last, where its last round of tiles would
+    split (config.last_round_split: more than one round, enough k-blocks, a grid the scratch holds):
+    the CTAs that idle through that round share its k-blocks. None where nothing would split (decode
+    grids of one round, the cooperative schedule, split-K, the vendor's gemm) or the depth is unknown."""
+    if depth is None or first.vendor or first.tile_order != "linear":
+        return None
+    try:
+        cfg = config_mod.choose(kernel, m, {**override(first), "tile_order": "split_last", "a_rows": 0},
+                                tensors, n, depth, gpu)
+    except EpicError:                  # an option split_last refuses (cooperative, split-K: options.py)
+        return None
+    return cfg if config_mod.last_round_split(cfg, m, n, depth) else None
 
 
 def split_k(kernel, tensors: dict, m: int, n: int) -> list[config_mod.KernelConfig]:
