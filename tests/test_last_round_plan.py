@@ -9,6 +9,7 @@ import subprocess
 from collections import defaultdict
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from epic.plan import config as config_mod
 
@@ -108,11 +109,9 @@ CASES = [  # cluster, M, N, K, swizzle, raster (0 heuristic, 1 along M, 2 along 
 ]
 
 
-@pytest.mark.nvcc
-@pytest.mark.parametrize("cluster,m,n,k,swizzle,raster,sms", CASES)
-def test_every_k_block_of_every_tile_is_computed_once_and_each_split_tile_ends_once(
-        plan, cluster, m, n, k, swizzle, raster, sms):
-    head, units = plan(cluster, m, n, k, swizzle, raster, sms)
+def check_cover(head, units, m, n):
+    """Every k-block of every tile of the padded grid exactly once, and a split exactly where the rule
+    (a last round, at least 4 k-blocks per cluster) makes one."""
     kb, grid, cs = head["kb"], head["grid"], head["cs"]
     cover = defaultdict(list)
     for x in units:
@@ -128,12 +127,9 @@ def test_every_k_block_of_every_tile_is_computed_once_and_each_split_tile_ends_o
     assert head["split"] == int(leftover > 0 and (leftover // cs) * kb >= 4 * grid // cs)
 
 
-@pytest.mark.nvcc
-@pytest.mark.parametrize("cluster,m,n,k,swizzle,raster,sms", [c for c in CASES if c[3] >= 3000])
-def test_the_split_keeps_clusters_in_step_and_no_piece_waits_on_a_waiting_one(
-        plan, cluster, m, n, k, swizzle, raster, sms):
-    head, units = plan(cluster, m, n, k, swizzle, raster, sms)
-    assert head["split"] == 1
+def check_split(head, units):
+    """A split's order: whole rounds, then at most a partial and a final piece; balanced work; a
+    cluster's CTAs in step; each split tile ended by one final piece waiting for exactly its others."""
     by_cta = defaultdict(list)
     for x in units:
         by_cta[x["cta"]].append(x)
@@ -170,10 +166,46 @@ def test_the_split_keeps_clusters_in_step_and_no_piece_waits_on_a_waiting_one(
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("cluster,m,n,k,swizzle,raster,sms", CASES)
+def test_every_k_block_of_every_tile_is_computed_once_and_each_split_tile_ends_once(
+        plan, cluster, m, n, k, swizzle, raster, sms):
+    head, units = plan(cluster, m, n, k, swizzle, raster, sms)
+    check_cover(head, units, m, n)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("cluster,m,n,k,swizzle,raster,sms", [c for c in CASES if c[3] >= 3000])
+def test_the_split_keeps_clusters_in_step_and_no_piece_waits_on_a_waiting_one(
+        plan, cluster, m, n, k, swizzle, raster, sms):
+    head, units = plan(cluster, m, n, k, swizzle, raster, sms)
+    assert head["split"] == 1
+    check_split(head, units)
+
+
+@pytest.mark.nvcc
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cluster=st.sampled_from([(1, 1), (2, 1), (1, 2), (2, 2)]), m=st.integers(1, 9000),
+       n=st.integers(1, 9000), k=st.integers(1, 6000), swizzle=st.sampled_from([1, 2, 4, 8]),
+       raster=st.integers(0, 2), sms=st.sampled_from([78, 114, 132, 144]))
+def test_any_shape_splits_by_the_rule_and_every_split_is_sound(plan, cluster, m, n, k, swizzle, raster, sms):
+    """Random shapes, clusters, tile orders and SM counts: the cover, the split's order and waits, and
+    `epic plan`'s account of it hold wherever the split happens (or does not)."""
+    head, units = plan(cluster, m, n, k, swizzle, raster, sms)
+    check_cover(head, units, m, n)
+    if head["split"]:
+        check_split(head, units)
+    check_plan_line(head, cluster, m, n, k, swizzle, raster, sms)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("cluster,m,n,k,swizzle,raster,sms", CASES)
 def test_the_plan_says_what_the_kernel_splits(plan, cluster, m, n, k, swizzle, raster, sms):
     """`epic plan`'s line for a split_last gemm (config.last_round_split) names the split where the
     kernel's rule makes one, with the kernel's tile count, and says nothing where it makes none."""
     head, _ = plan(cluster, m, n, k, swizzle, raster, sms)
+    check_plan_line(head, cluster, m, n, k, swizzle, raster, sms)
+
+
+def check_plan_line(head, cluster, m, n, k, swizzle, raster, sms):
     cfg = config_mod.KernelConfig("pingpong", (128, 128, 64), cluster=cluster, swizzle=swizzle,
                                   raster=("heuristic", "m", "n")[raster], tile_order="split_last")
     said = config_mod.last_round_split(cfg, m, n, k, sms)
