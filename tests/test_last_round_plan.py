@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from epic.plan import config as config_mod
+from epic.plan import config as config_mod, tile_grid
 
 from .conftest import nvcc_host_program
 
@@ -199,7 +199,7 @@ def test_any_shape_splits_by_the_rule_and_every_split_is_sound(plan, cluster, m,
 @pytest.mark.nvcc
 @pytest.mark.parametrize("cluster,m,n,k,swizzle,raster,sms", CASES)
 def test_the_plan_says_what_the_kernel_splits(plan, cluster, m, n, k, swizzle, raster, sms):
-    """`epic plan`'s line for a split_last gemm (config.last_round_split) names the split where the
+    """`epic plan`'s line for a split_last gemm (tile_grid.last_round_split) names the split where the
     kernel's rule makes one, with the kernel's tile count, and says nothing where it makes none."""
     head, _ = plan(cluster, m, n, k, swizzle, raster, sms)
     check_plan_line(head, cluster, m, n, k, swizzle, raster, sms)
@@ -208,8 +208,8 @@ def test_the_plan_says_what_the_kernel_splits(plan, cluster, m, n, k, swizzle, r
 def check_plan_line(head, cluster, m, n, k, swizzle, raster, sms):
     cfg = config_mod.KernelConfig("pingpong", (128, 128, 64), cluster=cluster, swizzle=swizzle,
                                   raster=("heuristic", "m", "n")[raster], tile_order="split_last")
-    said = config_mod.last_round_split(cfg, m, n, k, sms)
-    assert config_mod.rounds(cfg, m, n, sms).scheduled == head["tiles"]
+    said = tile_grid.last_round_split(cfg, m, n, k, sms)
+    assert tile_grid.rounds(cfg, m, n, sms).scheduled == head["tiles"]
     assert (said is not None) == bool(head["split"])
     if said:
         assert f"the last round's {head['tiles'] % head['grid']} tiles split along K over all {head['grid']} CTAs" in said

@@ -9,7 +9,7 @@ import pytest
 from epic import pipeline
 from epic.codegen import emit
 from epic.diagnostics import EpicError
-from epic.plan import config as plan_config
+from epic.plan import config as plan_config, kernel_config
 from epic.tuning import space
 
 from .conftest import ROOT, diagnose, planned_plain
@@ -68,5 +68,5 @@ def test_no_hint_in_the_file_round_trips_through_tuning_and_is_refused_with_spli
 def test_an_unknown_hint_is_refused_in_the_file_and_the_plan():
     error = diagnose("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with load_hint=evict_first {\n  out y: bf16 = acc\n}\n")
     assert error.codes == ["E215"] and "load_hint must be one of evict_normal, none, got 'evict_first'" in str(error)
-    assert plan_config.problems(plan_config.KernelConfig("pingpong", (128, 128, 64), load_hint="first")) == [
+    assert kernel_config.problems(plan_config.KernelConfig("pingpong", (128, 128, 64), load_hint="first")) == [
         "load_hint must be one of evict_normal, none"]

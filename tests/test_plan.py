@@ -6,7 +6,7 @@ import pytest
 from epic import pipeline
 from epic.diagnostics import EpicError
 from epic.ir.options import shares_block
-from epic.plan import config, ledger, planner
+from epic.plan import config, ledger, planner, tile_grid
 
 from .conftest import ROOT, analyze
 
@@ -139,10 +139,10 @@ def test_the_heuristics_swizzle_never_pads_the_tile_grid():
     # N = 28672: 149.3 -> 150 columns of tiles, 64 rows. Along M (CUTLASS's heuristic order: more
     # columns than rows) swizzle 8 and 4 round the columns to 152, 2 does not; along N the swizzle groups
     # the 64 rows (in clusters of 2): 8 x 2 divides them, and the 150 columns stay as they are
-    assert [config.padded_tiles(wide, 8192, 28672, s) for s in (1, 2, 4, 8)] == [64 * 150] * 2 + [64 * 152] * 2
-    assert [config.padded_tiles(wide, 8192, 28672, s, "n") for s in (1, 2, 4, 8)] == [64 * 150] * 4
+    assert [tile_grid.padded_tiles(wide, 8192, 28672, s) for s in (1, 2, 4, 8)] == [64 * 150] * 2 + [64 * 152] * 2
+    assert [tile_grid.padded_tiles(wide, 8192, 28672, s, "n") for s in (1, 2, 4, 8)] == [64 * 150] * 4
     # M = 1000: 8 rows of tiles; along N swizzle 8 groups them to 16, along M 4 keeps 8
-    assert [config.padded_tiles(wide, 1000, 28672, s, "n") for s in (1, 4, 8)] == [8 * 150, 8 * 150, 16 * 150]
+    assert [tile_grid.padded_tiles(wide, 1000, 28672, s, "n") for s in (1, 4, 8)] == [8 * 150, 8 * 150, 16 * 150]
     prog = analyze("gemm g(x: bf16[M, K] @ w: bf16[K, N]) {\n  out y: bf16 = acc\n}\n").program
 
     def order(m, n):    # (epic's kernel at N = 128256, where the heuristic would give this gemm cuBLAS)
@@ -403,19 +403,19 @@ def test_the_plan_says_how_the_tiles_fill_the_persistent_grid():
     rounded to the 2x1 cluster: with swizzle 1, 66 x 75 = 4950 scheduled, 75 of them padding, 38 rounds
     (4950 - 37 x 132 = 66 in the last), 4875 of 5016 slots used; swizzle 8 groups rows by 16 (80 x 75)."""
     cfg = config.KernelConfig("pingpong", (128, 192, 64), (2, 1), swizzle=8, raster="n")
-    r = config.rounds(cfg, 8192, 14336)
+    r = tile_grid.rounds(cfg, 8192, 14336)
     assert (r.tiles, r.scheduled, r.grid, r.last) == (4800, 4800, 132, 48)
     assert r.rounds == pytest.approx(4800 / 132) and r.idle == pytest.approx(1 - 4800 / 4884)
     assert r.describe() == "4,800 tiles on 132 CTAs: 36.36 rounds, the last with 48 of 132 busy (tile slots idle: 1.7%)"
-    assert config.rounds(cfg, 8320, 14336).scheduled == 80 * 75
-    ragged = config.rounds(replace(cfg, swizzle=1), 8320, 14336)
+    assert tile_grid.rounds(cfg, 8320, 14336).scheduled == 80 * 75
+    ragged = tile_grid.rounds(replace(cfg, swizzle=1), 8320, 14336)
     assert (ragged.tiles, ragged.scheduled, ragged.last) == (4875, 4950, 66)
     assert ragged.idle == pytest.approx(1 - 4875 / 5016)
     assert ragged.describe().startswith("4,950 tiles (with 75 padding tiles) on 132 CTAs: 37.50 rounds")
     # decode: one round; split-K counts one unit per split
-    assert config.rounds(config.KernelConfig("pingpong", (64, 64, 64)), 64, 4096).describe() == \
+    assert tile_grid.rounds(config.KernelConfig("pingpong", (64, 64, 64)), 64, 4096).describe() == \
         "64 tiles: one round on 64 of 132 SMs"
-    split = config.rounds(config.KernelConfig("cooperative", (128, 128, 64), splits=3), 64, 4096)
+    split = tile_grid.rounds(config.KernelConfig("cooperative", (128, 128, 64), splits=3), 64, 4096)
     assert (split.tiles, split.grid, split.idle) == (96, 96, 0)
 
 

@@ -9,7 +9,7 @@ import pytest
 from epic import pipeline
 from epic.codegen import emit
 from epic.diagnostics import EpicError
-from epic.plan import config as plan_config
+from epic.plan import config as plan_config, kernel_config
 from epic.tuning import space
 
 from .conftest import ROOT, diagnose, planned_plain
@@ -114,5 +114,5 @@ def test_a_rows_needs_a_k_major_a():
 def test_an_unknown_row_count_is_refused_in_the_file_and_the_plan():
     error = diagnose("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with a_rows=12 {\n  out y: bf16 = acc\n}\n")
     assert error.codes == ["E215"] and "a_rows must be one of 0, 8, 16, 32, got '12'" in str(error)
-    assert plan_config.problems(plan_config.KernelConfig("pingpong", (64, 64, 64), a_rows=12)) == [
+    assert kernel_config.problems(plan_config.KernelConfig("pingpong", (64, 64, 64), a_rows=12)) == [
         "a_rows must be 0, 8, 16 or 32"]

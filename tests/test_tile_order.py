@@ -11,7 +11,7 @@ import pytest
 from epic import pipeline
 from epic.codegen import emit
 from epic.diagnostics import EpicError
-from epic.plan import config as plan_config
+from epic.plan import config as plan_config, kernel_config, tile_grid
 
 from .conftest import ROOT, diagnose, planned_plain
 
@@ -152,7 +152,7 @@ def test_serpentine_in_the_file_and_refused_with_split_k():
     error = diagnose("gemm g(x: bf16[M, K] @ w: bf16[K, N]) with tile_order=zigzag {\n  out y: bf16 = acc\n}\n")
     assert "linear, serpentine, dynamic, split_last" in str(error) or \
         "linear, serpentine, dynamic or split_last" in str(error)
-    assert plan_config.problems(plan_config.KernelConfig("pingpong", (128, 128, 64), tile_order="zigzag")) == [
+    assert kernel_config.problems(plan_config.KernelConfig("pingpong", (128, 128, 64), tile_order="zigzag")) == [
         "tile_order must be one of linear, serpentine, dynamic, split_last"]
 
 
@@ -206,8 +206,8 @@ def test_split_last_names_its_kernel_and_takes_its_partial_slots_and_counters_fr
     assert f"with_scratch[{counts}] = epic_nodes::stream_scratch(dev, st, {counts}, size_t({144 * 4}));" in lines
     # the scratch holds as many CTAs as the kernel splits for (a larger grid runs whole tiles)
     header = (ROOT / "templates" / "nodes" / "epic_nodes" / "split_last_round.hpp").read_text()
-    assert f"constexpr uint32_t kSplitMaxCtas = {plan_config.SPLIT_MAX_CTAS};" in header
-    assert f"constexpr uint32_t kSplitMinShare = {plan_config.SPLIT_MIN_SHARE};" in header
+    assert f"constexpr uint32_t kSplitMaxCtas = {tile_grid.SPLIT_MAX_CTAS};" in header
+    assert f"constexpr uint32_t kSplitMinShare = {tile_grid.SPLIT_MIN_SHARE};" in header
 
 
 def test_split_last_plans_in_the_file_and_is_refused_where_its_kernel_does_not_run():
@@ -229,5 +229,5 @@ def test_split_last_plans_in_the_file_and_is_refused_where_its_kernel_does_not_r
         with pytest.raises(EpicError) as info:
             planned_plain("tile_order=split_last", SIZES, {"g": extra})
         assert info.value.codes == ["E216"] and words in str(info.value), extra
-    assert any("a_rows=16 was not checked with it" in p for p in plan_config.problems(
+    assert any("a_rows=16 was not checked with it" in p for p in kernel_config.problems(
         plan_config.KernelConfig("pingpong", (64, 64, 64), tile_order="split_last", a_rows=16)))

@@ -10,7 +10,7 @@ import pytest
 
 import epic
 from epic.diagnostics import Diagnostic, EpicError
-from epic.plan import config as config_mod, planner
+from epic.plan import config as config_mod, planner, tile_grid
 from epic.runtime import compiled as compiled_mod
 from epic.runtime import tuning_db as database
 from epic.tuning import space, tuner
@@ -87,7 +87,7 @@ def test_split_last_is_tried_where_the_last_round_of_tiles_splits(path, sizes, s
     assert found[0].tile_order == "linear"                     # the plan never picks it
     for cfg in split:
         assert replace(cfg, tile_order="linear") == found[0]   # the heuristic's kernel, its last round split
-        assert config_mod.last_round_split(cfg, m, n, depth)
+        assert tile_grid.last_round_split(cfg, m, n, depth)
         assert planner.make_plan(prog.program, sizes, {k.name: space.override(cfg)}).configs[k.name] == cfg
     # without the depth the tuner cannot tell whether it splits, and does not try it
     assert not [c for c in space.candidates(k, prog.program.tensors, m, n, program=prog.program)

@@ -22,7 +22,8 @@ from fractions import Fraction
 from .. import dtypes
 from ..ir import operands, primitives as P
 from ..ir.core import GemmKernel, Program, Value
-from ..plan.config import SPLIT_MAX_CTAS, KernelConfig
+from ..plan.kernel_config import KernelConfig
+from ..plan.tile_grid import SPLIT_MAX_CTAS
 from ..shapes import Kind
 from . import functor as fn
 from .cxx import identifier

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..ir.core import GemmKernel, Program
 from ..plan import backend
-from ..plan.config import KernelConfig
+from ..plan.kernel_config import KernelConfig
 from .nodes import Pointer, Scalar
 
 

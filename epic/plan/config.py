@@ -29,11 +29,11 @@ Heuristic (chosen from H200 measurements: docs/PERFORMANCE.md, "Tuning"):
 The tile width is then narrowed if a 1xB block does not divide it. A file that fixes the tile but
 not the schedule gets a schedule that accepts the tile. Unless the file or the call gives one, the
 swizzle is the largest (up to 8) that adds no padding tiles to the grid, in whichever raster order
-allows it (fitting_order).
+allows it (tile_grid.fitting_order).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..diagnostics import error
 from ..ir import operands
@@ -42,123 +42,8 @@ from ..ir import primitives as P
 from ..shapes import Kind
 from . import epilogue, gpus
 from .backend import BACKENDS, prefers_vendor, vendor_form
-
-SCHEDULES, AUX_LOADS, RASTERS = vocab.SCHEDULES, vocab.AUX_LOADS, vocab.RASTERS
-
-
-@dataclass(frozen=True)
-class KernelConfig:
-    schedule: str
-    tile: tuple[int, int, int]
-    cluster: tuple[int, int] = (1, 1)
-    # how the epilogue reads extra [M, N] tiles: "tma" stages them through shared memory (what the
-    # collective builder sizes), "direct" loads registers straight from global memory and leaves the
-    # shared memory to the mainloop's pipeline
-    aux_load: str = "tma"
-    epi_tile: tuple[int, int] | None = None   # epilogue subtile (None: CUTLASS's EpilogueTileAuto)
-    # persistent tile scheduler: swizzle of the tile order (1, 2, 4, 8) and raster direction
-    # ("heuristic", "m", "n"). Launch-time arguments: they do not change the built kernel.
-    swizzle: int = 1
-    raster: str = "heuristic"
-    # split-K (cooperative only): each output tile's K loop divided among this many CTAs, whose
-    # partial accumulators are added in a fixed order before the epilogue runs once, on the last.
-    # The number is a launch argument; splits > 1 builds the kernel with CUTLASS's stream-K scheduler.
-    splits: int = 1
-    # a row statistic's combine kernel: launched after the gemm ("kernel"), folded into the gemm's
-    # epilogue ("fold": the last CTA of each row block merges its partials; no second launch), or the
-    # whole epilogue moved after the gemm ("tail": the gemm stores its accumulator, plan/tail.py)
-    combine: str = "kernel"
-    # which library runs the gemm (plan/backend.py): "cublas" uses none of the fields above
-    backend: str = "cutlass"
-    # "tiles": the kernel records each warp group's phases of each tile (a diagnostic build,
-    # templates/nodes/epic_nodes/tile_trace.hpp)
-    trace: str = "off"
-    # the persistent scheduler's tile order: "linear" (CUTLASS's), "serpentine" (every odd group of
-    # the swizzle walked backwards; templates/nodes/epic_nodes/serpentine_tile_scheduler.hpp) or
-    # "dynamic" (CUTLASS's order, each tile to the cluster that asks first; dynamic_tile_scheduler.hpp)
-    # or "split_last" (CUTLASS's order, the last round's tiles split along K; split_last_round.hpp)
-    tile_order: str = "linear"
-    # the L2 policy of the mainloop's TMA loads: "evict_normal" (CUTLASS's) or "none" (no policy operand;
-    # templates/nodes/epic_nodes/unhinted_loads_mainloop.hpp)
-    load_hint: str = "evict_normal"
-    # the rows of A each mainloop load reads (8, 16, 32; 0: the tile's M): a kernel for calls of at most
-    # that many rows (templates/nodes/epic_nodes/short_a_mainloop.hpp)
-    a_rows: int = 0
-
-    @property
-    def vendor(self) -> bool:
-        return self.backend != "cutlass"
-
-    @property
-    def raster_code(self) -> int:
-        return RASTERS.index(self.raster)
-
-    @property
-    def tile_m(self) -> int:
-        return self.tile[0]
-
-    @property
-    def tile_n(self) -> int:
-        return self.tile[1]
-
-    def __str__(self) -> str:
-        if self.vendor:
-            return f"{self.backend} (the vendor's gemm, through torch.mm)"
-        return (f"{self.schedule} {'x'.join(map(str, self.tile))} cluster {self.cluster[0]}x{self.cluster[1]}"
-                + (f" aux_load={self.aux_load}" if self.aux_load != "tma" else "")
-                + (f" epilogue {self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else "")
-                + (f" swizzle {self.swizzle}" if self.swizzle != 1 else "")
-                + (f" raster {self.raster}" if self.raster != "heuristic" else "")
-                + (f" splits {self.splits}" if self.splits != 1 else "")
-                + (f" combine={self.combine}" if self.combine != "kernel" else "")
-                + (f" trace={self.trace}" if self.trace != "off" else "")
-                + (f" tile_order={self.tile_order}" if self.tile_order != "linear" else "")
-                + (f" load_hint={self.load_hint}" if self.load_hint != "evict_normal" else "")
-                + (f" a_rows={self.a_rows}" if self.a_rows else ""))
-
-    def key(self) -> str:
-        """Names the built kernel: only what changes the code (not swizzle/raster/the split count)."""
-        if self.vendor:
-            return self.backend
-        return (f"{self.schedule[:4]}_{'x'.join(map(str, self.tile))}_c{self.cluster[0]}x{self.cluster[1]}"
-                + (f"_{self.aux_load}" if self.aux_load != "tma" else "")
-                + (f"_e{self.epi_tile[0]}x{self.epi_tile[1]}" if self.epi_tile else "")
-                + ("_splitk" if self.split_k else "")
-                + (f"_{self.combine}" if self.combine != "kernel" else "")
-                + (f"_{self.trace}" if self.trace != "off" else "")
-                + ("_serp" if self.tile_order == "serpentine" else "")
-                + ("_dyn" if self.tile_order == "dynamic" else "")
-                + ("_splitlast" if self.tile_order == "split_last" else "")
-                + ("_nohint" if self.load_hint == "none" else "")
-                + (f"_a{self.a_rows}" if self.a_rows else ""))
-
-    @property
-    def split_k(self) -> bool:
-        return self.splits > 1
-
-
-def problems(cfg: KernelConfig) -> list[str]:
-    if cfg.backend not in BACKENDS:
-        return [f"backend must be one of {', '.join(BACKENDS)}"]
-    out = [p for p in (vocab.value_problem("tile", cfg.tile), vocab.value_problem("cluster", cfg.cluster),
-                       vocab.value_problem("swizzle", cfg.swizzle), vocab.value_problem("splits", cfg.splits),
-                       vocab.value_problem("epi_tile", cfg.epi_tile) if cfg.epi_tile else None) if p]
-    if cfg.schedule not in SCHEDULES:
-        out.append(f"unknown schedule '{cfg.schedule}' (use {' or '.join(SCHEDULES)})")
-    if cfg.aux_load not in AUX_LOADS:
-        out.append(f"aux_load must be one of {', '.join(AUX_LOADS)}")
-    if cfg.raster not in RASTERS:
-        out.append(f"raster must be one of {', '.join(RASTERS)}")
-    if cfg.combine not in vocab.COMBINES:
-        out.append(f"combine must be one of {', '.join(vocab.COMBINES)}")
-    if cfg.trace not in vocab.TRACES:
-        out.append(f"trace must be one of {', '.join(vocab.TRACES)}")
-    if cfg.tile_order not in vocab.TILE_ORDERS:
-        out.append(f"tile_order must be one of {', '.join(vocab.TILE_ORDERS)}")
-    if cfg.load_hint not in vocab.LOAD_HINTS:
-        out.append(f"load_hint must be one of {', '.join(vocab.LOAD_HINTS)}")
-    return out + vocab.combination_problems(cfg.schedule, cfg.tile, cfg.epi_tile, cfg.splits, cfg.combine,
-                                            cfg.trace, cfg.tile_order, cfg.load_hint, cfg.a_rows, cfg.cluster)
+from .kernel_config import KernelConfig, validate
+from .tile_grid import SMS, fitting_order, rounds
 
 
 def _backend(kernel, override: dict | None) -> str | None:
@@ -180,16 +65,6 @@ def _backend(kernel, override: dict | None) -> str | None:
         raise error("E216", f"gemm '{kernel.name}': unknown backend '{chosen}'", getattr(kernel, "span", None),
                     f"use {' or '.join(BACKENDS)}")
     return chosen
-
-
-def validate(cfg: KernelConfig, where: str = "", span=None) -> KernelConfig:
-    found = problems(cfg)
-    if found:
-        raise error("E216", f"bad kernel configuration{' for ' + where if where else ''} ({cfg}): "
-                    + "; ".join(found), span,
-                    "change the gemm's `with` options or the call's config (cooperative: tile M 128/256; "
-                    "pingpong: tile M 64/128; splits > 1: cooperative)")
-    return cfg
 
 
 def block_sizes(kernel) -> set[int]:
@@ -402,7 +277,7 @@ def _schedule_for(tile: tuple[int, int, int], preferred: str) -> str:
     """The preferred schedule if it accepts the tile's M, else the other one."""
     if not vocab.combination_problems(preferred, tile, None):
         return preferred
-    return next((s for s in SCHEDULES if not vocab.combination_problems(s, tile, None)), preferred)
+    return next((s for s in vocab.SCHEDULES if not vocab.combination_problems(s, tile, None)), preferred)
 
 
 def _block_epilogue(cfg: KernelConfig, blocks) -> KernelConfig:
@@ -413,145 +288,6 @@ def _block_epilogue(cfg: KernelConfig, blocks) -> KernelConfig:
         if cfg.tile_n % width == 0:
             return replace(cfg, epi_tile=(128 if cfg.schedule == "cooperative" else 64, width))
     return cfg
-
-
-def _log_swizzle(blocks_m: int, blocks_n: int, most: int) -> int:
-    """CUTLASS's sm90 persistent scheduler's own reduction of the swizzle (get_log_swizzle_size)."""
-    shortest = min(blocks_m, blocks_n)
-    for log, need in ((3, 6), (2, 3), (1, 2)):
-        if most >= 1 << log and shortest >= need:
-            return log
-    return 0
-
-
-def _raster(cfg: KernelConfig, blocks_m: int, blocks_n: int, raster: str | None = None) -> str:
-    """The raster order the scheduler runs: "heuristic" resolves as CUTLASS's does (along M where
-    there are more columns of tiles than rows)."""
-    raster = raster or cfg.raster
-    if raster == "heuristic":
-        return "m" if blocks_n > blocks_m else "n"
-    return raster
-
-
-def padded_tiles(cfg: KernelConfig, m: int, n: int, swizzle: int, raster: str | None = None) -> int:
-    """The tiles epic's persistent scheduler walks (templates/nodes/epic_nodes/grouped_tile_scheduler.hpp):
-    each dimension's tile count rounded up to the cluster, and the dimension the swizzle groups (M when
-    rastering along N, N along M) to swizzle x cluster; padding tiles are scheduled (and idle) like real
-    ones. (CUTLASS's own scheduler rounds both dimensions to swizzle x cluster.)"""
-    cm, cn = cfg.cluster
-    bm, bn = -(-m // cfg.tile_m), -(-n // cfg.tile_n)
-    bm, bn = -(-bm // cm) * cm, -(-bn // cn) * cn
-    step = 1 << _log_swizzle(bm, bn, swizzle)
-    if _raster(cfg, bm, bn, raster) == "n":
-        bm = -(-bm // (step * cm)) * step * cm
-    else:
-        bn = -(-bn // (step * cn)) * step * cn
-    return bm * bn
-
-
-SMS = 132   # SMs of an H100 / H200 SXM: a persistent kernel runs one CTA per SM
-
-
-@dataclass(frozen=True)
-class Rounds:
-    """How a gemm's tiles fill the persistent grid: `scheduled` tiles (the output's, times the split
-    count, plus the scheduler's padding tiles) on `grid` CTAs, one tile per CTA per round. Every CTA
-    whose share is a round short sits idle while the last round runs."""
-    tiles: int
-    scheduled: int
-    grid: int
-
-    @property
-    def rounds(self) -> float:
-        return self.scheduled / self.grid
-
-    @property
-    def last(self) -> int:
-        """CTAs with a tile in the last round."""
-        return self.scheduled - (-(-self.scheduled // self.grid) - 1) * self.grid
-
-    @property
-    def idle(self) -> float:
-        """The share of the grid's tile slots (whole rounds x CTAs) with no output tile: the last round's
-        empty slots and the padding tiles."""
-        return 1 - self.tiles / (-(-self.scheduled // self.grid) * self.grid)
-
-    def describe(self, sms: int = SMS) -> str:
-        padding = self.scheduled - self.tiles
-        pad = f" (with {padding:,} padding tiles)" if padding else ""
-        if self.scheduled <= self.grid:
-            return (f"{self.scheduled:,} tile{'s' if self.scheduled != 1 else ''}{pad}: one round on "
-                    f"{self.scheduled} of {sms} SMs")
-        return (f"{self.scheduled:,} tiles{pad} on {self.grid} CTAs: {self.rounds:.2f} rounds, the last with "
-                f"{self.last} of {self.grid} busy (tile slots idle: {self.idle:.1%})")
-
-
-# tile_order=split_last's kernel (templates/nodes/epic_nodes/split_last_round.hpp and last_round_plan.hpp):
-# a cluster's share of the last round must be this many k-blocks, and its scratch holds this many CTAs
-SPLIT_MIN_SHARE = 4
-SPLIT_MAX_CTAS = 144
-
-
-def last_round_split(cfg: KernelConfig, m: int, n: int, depth: int, sms: int = SMS) -> str | None:
-    """What tile_order=split_last does with the last round of cfg's kernel at m x n x depth on `sms` SMs
-    (the rule of last_round_plan.hpp's LastRoundPlan::make), in words; None where it splits nothing."""
-    if cfg.tile_order != "split_last" or cfg.split_k or cfg.vendor:
-        return None
-    r = rounds(cfg, m, n, sms)
-    cs = cfg.cluster[0] * cfg.cluster[1]
-    left = (r.scheduled % r.grid) // cs
-    k_blocks = -(-depth // cfg.tile[2])
-    clusters = r.grid // cs
-    if r.grid > SPLIT_MAX_CTAS or left == 0 or left * k_blocks < SPLIT_MIN_SHARE * clusters:
-        return None
-    share = left * k_blocks / clusters
-    return (f"the last round's {left * cs} tiles split along K over all {r.grid} CTAs (tile_order=split_last): "
-            f"{share:.1f} of a tile's {k_blocks} k-blocks each")
-
-
-def rounds(cfg: KernelConfig, m: int, n: int, sms: int = SMS) -> Rounds:
-    """The tile rounds of cfg's persistent kernel at m x n on `sms` SMs (split-K: one unit per split of
-    a tile, CUTLASS's stream-K scheduler, padding not modelled)."""
-    cm, cn = cfg.cluster
-    real = -(-m // cfg.tile_m) * -(-n // cfg.tile_n) * cfg.splits
-    if cfg.splits > 1:
-        scheduled = real
-    else:
-        scheduled = padded_tiles(cfg, m, n, cfg.swizzle)
-    grid = min(scheduled, persistent_ctas(sms, cm * cn))
-    return Rounds(real, scheduled, grid)
-
-
-def persistent_ctas(sms: int, cluster_size: int) -> int:
-    """The CTAs CUTLASS's sm90 persistent scheduler launches for clusters of this size (its
-    get_grid_shape without an occupancy query): GPCs of at most 18 SMs, each filled with whole clusters,
-    so 132 SMs take 132 CTAs in clusters of 1 or 2 and 116 in clusters of 4."""
-    if cluster_size == 1:
-        return sms
-    per_gpc = 18
-    gpcs, residual = (1, 0) if sms < per_gpc else divmod(sms, per_gpc)
-    ctas = gpcs * (per_gpc - per_gpc % cluster_size) + residual - residual % cluster_size
-    return min(sms, ctas)
-
-
-def fitting_order(cfg: KernelConfig, m: int, n: int, raster_fixed: bool = False) -> tuple[int, str]:
-    """The largest swizzle up to the configuration's, and a raster order, that pad the tile grid no
-    more than swizzle 1: a padding tile costs a wave slot like a real one, while a larger swizzle
-    keeps a wave's operands in L2 (docs/PERFORMANCE.md, "Tile order"). The
-    configuration's raster order first; unless the file or the call fixed it, the other where only
-    that one groups a dimension the swizzle divides (N = 14336 on 128x192 tiles: 75 columns and 64 rows
-    of tiles; along N with swizzle 8, grouping rows). So does the LM head + cross entropy (668 columns):
-    its 1 GB B read 4 times instead of its 64 MB A 167 times with swizzle 4 along M, 3.5% faster under
-    sustained load (docs/PERFORMANCE.md, "Tile order")."""
-    if cfg.swizzle <= 1:
-        return cfg.swizzle, cfg.raster
-    least = padded_tiles(cfg, m, n, 1)
-    rasters = [cfg.raster] if raster_fixed else [cfg.raster] + [r for r in ("m", "n") if r != cfg.raster]
-    for s in (8, 4, 2):
-        for r in rasters:
-            if s <= cfg.swizzle and padded_tiles(cfg, m, n, s, r) == least:
-                return s, r
-    return 1, cfg.raster
 
 
 # Decode: a call with at most SHORT_A rows loads a box of A of the fewest rows of vocab.A_ROWS that hold

@@ -21,7 +21,7 @@ from ..ir import primitives as P
 from ..ir.core import Program, Value
 from ..passes.defer_row_scale import SUFFIX
 from ..shapes import Kind
-from . import config as config_mod, gpus, launch
+from . import config as config_mod, gpus, launch, tile_grid
 from .planner import Plan, folds
 
 
@@ -190,8 +190,8 @@ def render(plan: Plan, source: Program) -> str:
                 out.append(f"       {how}")
             if not step.config.vendor:
                 n = sizes_mod.evaluate(k.n, plan.sizes)
-                out.append(f"       {config_mod.rounds(step.config, rows, n).describe()}")
-                split = config_mod.last_round_split(step.config, rows, n, sizes_mod.evaluate(k.k, plan.sizes))
+                out.append(f"       {tile_grid.rounds(step.config, rows, n).describe()}")
+                split = tile_grid.last_round_split(step.config, rows, n, sizes_mod.evaluate(k.k, plan.sizes))
                 if split:
                     out.append(f"       {split}")
                 if step.config.a_rows:

@@ -23,8 +23,9 @@ from ..diagnostics import EpicError
 from ..ir import options as vocab
 from ..plan import backend, tail
 from ..plan import config as config_mod
+from ..plan import tile_grid
 
-SMS = config_mod.SMS
+SMS = tile_grid.SMS
 
 TILES = {"pingpong": [(64, 64, 64), (64, 128, 64), (64, 256, 64), (128, 128, 64), (128, 192, 64)],
          "cooperative": [(128, 128, 64), (128, 192, 64), (128, 256, 64), (256, 128, 64)]}
@@ -142,7 +143,7 @@ def candidates(kernel, tensors: dict, m: int, n: int, limit: int = 6,
 def split_last(kernel, tensors: dict, first: config_mod.KernelConfig, m: int, n: int, depth: int | None,
                gpu: str | None = None) -> config_mod.KernelConfig | None:
     """The heuristic's configuration with tile_order=split_last, where its last round of tiles would
-    split (config.last_round_split: more than one round, enough k-blocks, a grid the scratch holds):
+    split (tile_grid.last_round_split: more than one round, enough k-blocks, a grid the scratch holds):
     the CTAs that idle through that round share its k-blocks. None where nothing would split (decode
     grids of one round, the cooperative schedule, split-K, the vendor's gemm) or the depth is unknown."""
     if depth is None or first.vendor or first.tile_order != "linear":
@@ -152,7 +153,7 @@ def split_last(kernel, tensors: dict, first: config_mod.KernelConfig, m: int, n:
                                 tensors, n, depth, gpu)
     except EpicError:                  # an option split_last refuses (cooperative, split-K: options.py)
         return None
-    return cfg if config_mod.last_round_split(cfg, m, n, depth) else None
+    return cfg if tile_grid.last_round_split(cfg, m, n, depth) else None
 
 
 def split_k(kernel, tensors: dict, m: int, n: int) -> list[config_mod.KernelConfig]:
