@@ -9,7 +9,7 @@ import subprocess
 from collections import defaultdict
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from epic.plan import config as config_mod, tile_grid
 
@@ -182,7 +182,7 @@ def test_the_split_keeps_clusters_in_step_and_no_piece_waits_on_a_waiting_one(
 
 
 @pytest.mark.nvcc
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None)
 @given(cluster=st.sampled_from([(1, 1), (2, 1), (1, 2), (2, 2)]), m=st.integers(1, 9000),
        n=st.integers(1, 9000), k=st.integers(1, 6000), swizzle=st.sampled_from([1, 2, 4, 8]),
        raster=st.integers(0, 2), sms=st.sampled_from([78, 114, 132, 144]))
